@@ -1,0 +1,287 @@
+//! Running commands: foreground streams, background commands with kept logs,
+//! status, interrupt and timeouts.
+use crate::config::AgentConfig;
+use crate::error::{AgentError, Result};
+use crate::lines::for_each_line;
+use crate::spawn::{kill_group, spawn, SpawnSpec, Spawned};
+use pvisor_proto::agent::{
+    exec_event, CommandStatusReply, ExecEvent, ExecRequest, ExitStatus, LogsReply,
+};
+use pvisor_proto::now_ms;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Output kept per background command; older lines are dropped past this.
+const LOG_CAP_BYTES: usize = 8 << 20;
+/// Finished commands remembered for status queries.
+const KEEP_FINISHED: usize = 1024;
+/// How long output is still read after the command exited (a daemon it left
+/// behind may hold the pipes open forever).
+const DRAIN_GRACE: Duration = Duration::from_millis(100);
+
+pub type EventTx = mpsc::Sender<std::result::Result<ExecEvent, tonic::Status>>;
+
+pub fn event(kind: exec_event::Kind) -> ExecEvent {
+    ExecEvent {
+        kind: Some(kind),
+        timestamp_ms: now_ms(),
+    }
+}
+
+#[derive(Default)]
+struct LogBuf {
+    lines: VecDeque<String>,
+    first: u64,
+    bytes: usize,
+}
+
+impl LogBuf {
+    fn push(&mut self, line: String) {
+        self.bytes += line.len() + 1;
+        self.lines.push_back(line);
+        while self.bytes > LOG_CAP_BYTES {
+            let Some(old) = self.lines.pop_front() else {
+                break;
+            };
+            self.bytes -= old.len() + 1;
+            self.first += 1;
+        }
+    }
+
+    fn since(&self, cursor: u64) -> (String, u64) {
+        let end = self.first + self.lines.len() as u64;
+        let skip = cursor.saturating_sub(self.first) as usize;
+        let mut text = String::new();
+        for l in self.lines.iter().skip(skip) {
+            text.push_str(l);
+            text.push('\n');
+        }
+        (text, end)
+    }
+}
+
+struct State {
+    running: bool,
+    exit_code: Option<i32>,
+    error: String,
+    finished_at_ms: Option<i64>,
+    log: LogBuf,
+}
+
+pub struct Entry {
+    id: String,
+    content: String,
+    started_at_ms: i64,
+    pgid: i32,
+    background: bool,
+    state: Mutex<State>,
+}
+
+impl Entry {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Every command the agent started, by id.
+pub struct Commands {
+    cfg: Arc<AgentConfig>,
+    table: Mutex<(HashMap<String, Arc<Entry>>, VecDeque<String>)>,
+}
+
+pub fn new_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+impl Commands {
+    pub fn new(cfg: Arc<AgentConfig>) -> Arc<Self> {
+        Arc::new(Commands {
+            cfg,
+            table: Mutex::new((HashMap::new(), VecDeque::new())),
+        })
+    }
+
+    pub fn config(&self) -> &AgentConfig {
+        &self.cfg
+    }
+
+    fn register(&self, entry: Arc<Entry>) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.1.push_back(entry.id.clone());
+        t.0.insert(entry.id.clone(), entry);
+        while t.1.len() > KEEP_FINISHED {
+            let Some(old) = t.1.pop_front() else { break };
+            let done = t.0.get(&old).map(|e| !e.state().running).unwrap_or(true);
+            if done {
+                t.0.remove(&old);
+            } else {
+                t.1.push_back(old);
+                break;
+            }
+        }
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Entry>> {
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.0.get(id)
+            .cloned()
+            .ok_or_else(|| AgentError::NotFound(format!("command {id}")))
+    }
+
+    /// Starts a command. Foreground commands stream into `tx` until their exit
+    /// event; background commands get their init event and keep running.
+    pub fn exec(
+        self: &Arc<Self>,
+        req: ExecRequest,
+        tx: EventTx,
+        id: Option<String>,
+    ) -> Result<String> {
+        let mut spec = SpawnSpec::new(&req.command, &req.argv)?;
+        spec.cwd = req.cwd.clone();
+        spec.envs = req.envs.clone().into_iter().collect();
+        spec.uid = req.uid;
+        spec.gid = req.gid;
+        let spawned = spawn(&spec, &self.cfg)?;
+        let content = if req.command.is_empty() {
+            req.argv.join(" ")
+        } else {
+            req.command.clone()
+        };
+        let entry = Arc::new(Entry {
+            id: id.unwrap_or_else(new_id),
+            content,
+            started_at_ms: now_ms(),
+            pgid: spawned.pid,
+            background: req.background,
+            state: Mutex::new(State {
+                running: true,
+                exit_code: None,
+                error: String::new(),
+                finished_at_ms: None,
+                log: LogBuf::default(),
+            }),
+        });
+        self.register(entry.clone());
+        let id = entry.id.clone();
+        let _ = tx.try_send(Ok(event(exec_event::Kind::Init(id.clone()))));
+        let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
+        let sink = if req.background { None } else { Some(tx) };
+        tokio::spawn(drive(entry, spawned, sink, timeout));
+        Ok(id)
+    }
+
+    pub fn status(&self, id: &str) -> Result<CommandStatusReply> {
+        let e = self.get(id)?;
+        let s = e.state();
+        Ok(CommandStatusReply {
+            id: e.id.clone(),
+            content: e.content.clone(),
+            running: s.running,
+            exit_code: s.exit_code,
+            error: s.error.clone(),
+            started_at_ms: e.started_at_ms,
+            finished_at_ms: s.finished_at_ms,
+        })
+    }
+
+    pub fn logs(&self, id: &str, cursor: u64) -> Result<LogsReply> {
+        let e = self.get(id)?;
+        let (text, cursor) = e.state().log.since(cursor);
+        Ok(LogsReply { text, cursor })
+    }
+
+    pub fn interrupt(&self, id: &str) -> Result<()> {
+        let e = self.get(id)?;
+        let mut s = e.state();
+        if s.running {
+            s.error = "interrupted".into();
+            kill_group(e.pgid);
+        }
+        Ok(())
+    }
+}
+
+/// Streams one command's output and exit. `sink` is None for background commands.
+async fn drive(entry: Arc<Entry>, sp: Spawned, sink: Option<EventTx>, timeout: Option<Duration>) {
+    let started = Instant::now();
+    let Spawned {
+        pid,
+        stdout,
+        stderr,
+        exit,
+        ..
+    } = sp;
+    let emit = |kind: fn(String) -> exec_event::Kind| {
+        let entry = entry.clone();
+        let sink = sink.clone();
+        move |line: String| {
+            let entry = entry.clone();
+            let sink = sink.clone();
+            async move {
+                match &sink {
+                    Some(tx) => tx.send(Ok(event(kind(line)))).await.is_ok(),
+                    None => {
+                        entry.state().log.push(line);
+                        true
+                    }
+                }
+            }
+        }
+    };
+    let readers = futures::future::join(
+        for_each_line(stdout, emit(exec_event::Kind::Stdout)),
+        for_each_line(stderr, emit(exec_event::Kind::Stderr)),
+    );
+    tokio::pin!(readers);
+    tokio::pin!(exit);
+    let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(u32::MAX as u64)));
+    tokio::pin!(deadline);
+    let watch = sink.clone();
+    let closed = async move {
+        match &watch {
+            Some(tx) => tx.closed().await,
+            None => futures::future::pending().await,
+        }
+    };
+    tokio::pin!(closed);
+    let mut readers_done = false;
+    let mut timed_out = false;
+    let code = loop {
+        tokio::select! {
+            c = &mut exit => break c.unwrap_or(-1),
+            _ = &mut readers, if !readers_done => readers_done = true,
+            _ = &mut deadline, if !timed_out => {
+                timed_out = true;
+                kill_group(pid);
+            }
+            _ = &mut closed => kill_group(pid),
+        }
+    };
+    if !readers_done {
+        let _ = tokio::time::timeout(DRAIN_GRACE, &mut readers).await;
+    }
+    let error = {
+        let mut s = entry.state();
+        if timed_out {
+            s.error = format!(
+                "command timed out after {} ms",
+                timeout.unwrap_or_default().as_millis()
+            );
+        }
+        s.running = false;
+        s.exit_code = Some(code);
+        s.finished_at_ms = Some(now_ms());
+        s.error.clone()
+    };
+    if let Some(tx) = sink {
+        let status = ExitStatus {
+            code,
+            error,
+            elapsed_ms: started.elapsed().as_millis() as u64,
+        };
+        let _ = tx.send(Ok(event(exec_event::Kind::Exit(status)))).await;
+    }
+    tracing::debug!(id = %entry.id, code, background = entry.background, "command finished");
+}

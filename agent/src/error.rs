@@ -1,0 +1,55 @@
+//! Errors of agent operations and their mapping onto gRPC statuses.
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("{path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("spawn {program}: {source}")]
+    Spawn { program: String, source: io::Error },
+    #[error("{0}")]
+    Conflict(String),
+}
+
+impl AgentError {
+    pub fn io(path: impl Into<String>, source: io::Error) -> Self {
+        AgentError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+impl From<AgentError> for tonic::Status {
+    fn from(e: AgentError) -> Self {
+        use tonic::Status;
+        let msg = e.to_string();
+        match &e {
+            AgentError::InvalidArgument(_) => Status::invalid_argument(msg),
+            AgentError::NotFound(_) => Status::not_found(msg),
+            AgentError::Conflict(_) => Status::failed_precondition(msg),
+            AgentError::Spawn { source, .. } | AgentError::Io { source, .. } => {
+                match source.kind() {
+                    io::ErrorKind::NotFound => Status::not_found(msg),
+                    io::ErrorKind::PermissionDenied => Status::permission_denied(msg),
+                    io::ErrorKind::AlreadyExists => Status::already_exists(msg),
+                    io::ErrorKind::InvalidInput
+                    | io::ErrorKind::InvalidData
+                    | io::ErrorKind::IsADirectory
+                    | io::ErrorKind::NotADirectory
+                    | io::ErrorKind::DirectoryNotEmpty => Status::invalid_argument(msg),
+                    _ => match source.raw_os_error() {
+                        Some(libc::ENOSPC) | Some(libc::EDQUOT) => Status::resource_exhausted(msg),
+                        _ => Status::internal(msg),
+                    },
+                }
+            }
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, AgentError>;

@@ -1,0 +1,23 @@
+//! pvisor-agent: the init process of every sandbox.
+//!
+//! The agent is started by the worker's backend as PID 1 of the sandbox (the
+//! ns backend's namespace jail today, a microVM's init later). It serves the
+//! `pvisor.agent.v1.Agent` gRPC service over one inherited stream, reaps
+//! orphans, runs commands and sessions, does file operations and tunnels TCP
+//! connections to ports inside the sandbox.
+//!
+//! The sandbox's root *is* the agent's `/`: the backend pivot_roots before the
+//! agent starts, so no path, `..` or symlink the agent follows can leave it.
+
+pub mod commands;
+pub mod config;
+pub mod error;
+pub mod files;
+pub mod lines;
+pub mod passwd;
+pub mod reaper;
+pub mod server;
+pub mod service;
+pub mod session;
+pub mod spawn;
+pub mod tunnel;

@@ -1,0 +1,239 @@
+//! The `pvisor.agent.v1.Agent` gRPC service: a thin mapping onto
+//! [`commands`](crate::commands), [`session`](crate::session),
+//! [`files`](crate::files) and [`tunnel`](crate::tunnel).
+use crate::commands::Commands;
+use crate::config::AgentConfig;
+use crate::error::AgentError;
+use crate::files;
+use crate::session::Sessions;
+use pvisor_proto::agent::agent_server::Agent;
+use pvisor_proto::agent::*;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+const CHUNK: usize = 256 * 1024;
+
+#[derive(Clone)]
+pub struct AgentService {
+    pub commands: Arc<Commands>,
+    pub sessions: Arc<Sessions>,
+}
+
+impl AgentService {
+    pub fn new(cfg: AgentConfig) -> Self {
+        let cfg = Arc::new(cfg);
+        AgentService {
+            commands: Commands::new(cfg.clone()),
+            sessions: Arc::new(Sessions::new(cfg)),
+        }
+    }
+}
+
+type Res<T> = Result<Response<T>, Status>;
+type Stream<T> = ReceiverStream<Result<T, Status>>;
+
+/// Runs blocking file work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(Status::from)
+}
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    async fn ping(&self, _: Request<Empty>) -> Res<PingReply> {
+        Ok(Response::new(PingReply {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+        }))
+    }
+
+    type ExecStream = Stream<ExecEvent>;
+    async fn exec(&self, req: Request<ExecRequest>) -> Res<Self::ExecStream> {
+        let (tx, rx) = mpsc::channel(256);
+        self.commands.exec(req.into_inner(), tx, None)?;
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn command_status(&self, req: Request<CommandRef>) -> Res<CommandStatusReply> {
+        Ok(Response::new(self.commands.status(&req.into_inner().id)?))
+    }
+
+    async fn command_logs(&self, req: Request<LogsRequest>) -> Res<LogsReply> {
+        let r = req.into_inner();
+        Ok(Response::new(self.commands.logs(&r.id, r.cursor)?))
+    }
+
+    async fn interrupt(&self, req: Request<CommandRef>) -> Res<Empty> {
+        self.commands.interrupt(&req.into_inner().id)?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn create_session(&self, req: Request<CreateSessionRequest>) -> Res<SessionRef> {
+        let id = self.sessions.create(&req.into_inner().cwd)?;
+        Ok(Response::new(SessionRef { id }))
+    }
+
+    type RunInSessionStream = Stream<ExecEvent>;
+    async fn run_in_session(
+        &self,
+        req: Request<SessionRunRequest>,
+    ) -> Res<Self::RunInSessionStream> {
+        let r = req.into_inner();
+        let (tx, rx) = mpsc::channel(256);
+        let sessions = self.sessions.clone();
+        // Fail fast on an unknown session, before the stream starts.
+        sessions.run_check(&r.session_id)?;
+        tokio::spawn(async move {
+            let err_tx = tx.clone();
+            if let Err(e) = sessions
+                .run(&r.session_id, &r.command, &r.cwd, r.timeout_ms, tx)
+                .await
+            {
+                let _ = err_tx.send(Err(e.into())).await;
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn delete_session(&self, req: Request<SessionRef>) -> Res<Empty> {
+        self.sessions.delete(&req.into_inner().id).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn stat(&self, req: Request<PathsRequest>) -> Res<FileList> {
+        let paths = req.into_inner().paths;
+        let files = blocking(move || files::stat(&paths)).await?;
+        Ok(Response::new(FileList { files }))
+    }
+
+    async fn upload(&self, req: Request<Streaming<UploadChunk>>) -> Res<Empty> {
+        let mut inbound = req.into_inner();
+        let mut current: Option<files::UploadFile> = None;
+        let result: Result<(), Status> = async {
+            while let Some(chunk) = inbound.message().await? {
+                match chunk.kind {
+                    Some(upload_chunk::Kind::Header(h)) => {
+                        if let Some(f) = current.take() {
+                            blocking(move || f.finish()).await?;
+                        }
+                        current = Some(
+                            blocking(move || {
+                                files::UploadFile::create(&h.path, h.mode, h.owner, h.group)
+                            })
+                            .await?,
+                        );
+                    }
+                    Some(upload_chunk::Kind::Data(d)) => {
+                        let mut f = current
+                            .take()
+                            .ok_or_else(|| Status::invalid_argument("data before header"))?;
+                        current = Some(blocking(move || f.write(&d).map(|_| f)).await?);
+                    }
+                    None => {}
+                }
+            }
+            if let Some(f) = current.take() {
+                blocking(move || f.finish()).await?;
+            }
+            Ok(())
+        }
+        .await;
+        if let (Err(_), Some(f)) = (&result, current.take()) {
+            f.abort();
+        }
+        result.map(|_| Response::new(Empty {}))
+    }
+
+    type DownloadStream = Stream<DataChunk>;
+    async fn download(&self, req: Request<DownloadRequest>) -> Res<Self::DownloadStream> {
+        let r = req.into_inner();
+        let (mut file, mut left) =
+            blocking(move || files::open_for_read(&r.path, r.offset, r.limit)).await?;
+        let (tx, rx) = mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            while left > 0 {
+                let want = (left as usize).min(CHUNK);
+                match files::read_chunk(&mut file, want) {
+                    Ok(data) if data.is_empty() => break,
+                    Ok(data) => {
+                        left -= data.len() as u64;
+                        if tx.blocking_send(Ok(DataChunk { data })).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(e.into()));
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn remove_files(&self, req: Request<PathsRequest>) -> Res<Empty> {
+        let paths = req.into_inner().paths;
+        blocking(move || files::remove_files(&paths)).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn r#move(&self, req: Request<MoveRequest>) -> Res<Empty> {
+        let moves = req.into_inner().moves;
+        blocking(move || {
+            moves
+                .iter()
+                .try_for_each(|m| files::rename(&m.src, &m.dest))
+        })
+        .await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn set_permissions(&self, req: Request<PermissionsRequest>) -> Res<Empty> {
+        let e = req.into_inner().entries;
+        blocking(move || files::set_permissions(&e)).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn search(&self, req: Request<SearchRequest>) -> Res<FileList> {
+        let r = req.into_inner();
+        let files = blocking(move || files::search(&r.path, &r.pattern)).await?;
+        Ok(Response::new(FileList { files }))
+    }
+
+    async fn replace(&self, req: Request<ReplaceRequest>) -> Res<ReplaceReply> {
+        let e = req.into_inner().entries;
+        let counts = blocking(move || files::replace(&e)).await?;
+        Ok(Response::new(ReplaceReply { counts }))
+    }
+
+    async fn make_dirs(&self, req: Request<PermissionsRequest>) -> Res<Empty> {
+        let e = req.into_inner().entries;
+        blocking(move || files::make_dirs(&e)).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn list_dir(&self, req: Request<ListDirRequest>) -> Res<FileList> {
+        let r = req.into_inner();
+        let files = blocking(move || files::list_dir(&r.path, r.depth)).await?;
+        Ok(Response::new(FileList { files }))
+    }
+
+    async fn remove_dirs(&self, req: Request<PathsRequest>) -> Res<Empty> {
+        let paths = req.into_inner().paths;
+        blocking(move || files::remove_dirs(&paths)).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    type TunnelStream = Stream<TunnelData>;
+    async fn tunnel(&self, req: Request<Streaming<TunnelData>>) -> Res<Self::TunnelStream> {
+        let (tx, rx) = mpsc::channel(16);
+        crate::tunnel::open(req.into_inner(), tx).await?;
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,210 @@
+//! Sessions: a long-lived shell per session, so `cd`, variables and functions
+//! persist from one run to the next.
+use crate::commands::{event, new_id, EventTx};
+use crate::config::AgentConfig;
+use crate::error::{AgentError, Result};
+use crate::spawn::{kill_group, spawn, SpawnSpec};
+use pvisor_proto::agent::{exec_event, ExitStatus};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe;
+
+struct Shell {
+    pid: i32,
+    stdin: pipe::Sender,
+    stdout: BufReader<pipe::Receiver>,
+    stderr: BufReader<pipe::Receiver>,
+}
+
+pub struct Session {
+    cwd: String,
+    shell: tokio::sync::Mutex<Option<Shell>>,
+}
+
+pub struct Sessions {
+    cfg: Arc<AgentConfig>,
+    table: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+fn start_shell(cfg: &AgentConfig, cwd: &str) -> Result<Shell> {
+    let program = if std::path::Path::new("/bin/bash").exists() {
+        "/bin/bash"
+    } else {
+        "/bin/sh"
+    };
+    let mut argv = vec![program.to_string()];
+    if program.ends_with("bash") {
+        argv.extend(["--noprofile".into(), "--norc".into()]);
+    }
+    let spec = SpawnSpec {
+        argv,
+        cwd: cwd.to_string(),
+        stdin_pipe: true,
+        ..Default::default()
+    };
+    let sp = spawn(&spec, cfg)?;
+    Ok(Shell {
+        pid: sp.pid,
+        stdin: sp.stdin.expect("stdin pipe requested"),
+        stdout: BufReader::new(sp.stdout),
+        stderr: BufReader::new(sp.stderr),
+    })
+}
+
+/// Reads lines until one containing `marker`; returns what followed the marker.
+async fn read_until_marker(
+    r: &mut BufReader<pipe::Receiver>,
+    marker: &str,
+    tx: &EventTx,
+    kind: fn(String) -> exec_event::Kind,
+) -> Option<String> {
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match r.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
+        }
+        if buf.last() == Some(&b'\n') {
+            buf.pop();
+        }
+        let line = String::from_utf8_lossy(&buf).into_owned();
+        if let Some(pos) = line.find(marker) {
+            if pos > 0 {
+                let _ = tx.send(Ok(event(kind(line[..pos].to_string())))).await;
+            }
+            return Some(line[pos + marker.len()..].trim().to_string());
+        }
+        let _ = tx.send(Ok(event(kind(line)))).await;
+    }
+}
+
+impl Sessions {
+    pub fn new(cfg: Arc<AgentConfig>) -> Self {
+        Sessions {
+            cfg,
+            table: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn create(&self, cwd: &str) -> Result<String> {
+        let cwd = if cwd.is_empty() {
+            self.cfg.workdir().to_string()
+        } else {
+            cwd.to_string()
+        };
+        let shell = start_shell(&self.cfg, &cwd)?;
+        let id = new_id();
+        let s = Arc::new(Session {
+            cwd,
+            shell: tokio::sync::Mutex::new(Some(shell)),
+        });
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), s);
+        Ok(id)
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Session>> {
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| AgentError::NotFound(format!("session {id}")))
+    }
+
+    /// Fails when the session does not exist.
+    pub fn run_check(&self, id: &str) -> Result<()> {
+        self.get(id).map(|_| ())
+    }
+
+    pub async fn delete(&self, id: &str) -> Result<()> {
+        let s = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+            .ok_or_else(|| AgentError::NotFound(format!("session {id}")))?;
+        if let Some(sh) = s.shell.lock().await.take() {
+            kill_group(sh.pid);
+        }
+        Ok(())
+    }
+
+    /// Runs `command` in the session's shell, streaming like a foreground command.
+    pub async fn run(
+        &self,
+        id: &str,
+        command: &str,
+        cwd: &str,
+        timeout_ms: u64,
+        tx: EventTx,
+    ) -> Result<()> {
+        let session = self.get(id)?;
+        let mut guard = session.shell.lock().await;
+        if guard.is_none() {
+            *guard = Some(start_shell(&self.cfg, &session.cwd)?);
+        }
+        let shell = guard.as_mut().expect("set above");
+        let started = Instant::now();
+        let marker = format!("__PVISOR_SESSION_{}__", new_id());
+        let cd = if cwd.is_empty() {
+            String::new()
+        } else {
+            format!("cd {} && ", quote(cwd))
+        };
+        let script = format!(
+            "{cd}{{\n{command}\n}} </dev/null\nprintf '%s%d\\n' '{marker}' \"$?\"\nprintf '%s\\n' '{marker}' >&2\n"
+        );
+        let _ = tx.send(Ok(event(exec_event::Kind::Init(new_id())))).await;
+        if let Err(e) = shell.stdin.write_all(script.as_bytes()).await {
+            *guard = None;
+            return Err(AgentError::io("session shell", e));
+        }
+        let Shell {
+            stdout,
+            stderr,
+            pid,
+            ..
+        } = shell;
+        let work = futures::future::join(
+            read_until_marker(stdout, &marker, &tx, exec_event::Kind::Stdout),
+            read_until_marker(stderr, &marker, &tx, exec_event::Kind::Stderr),
+        );
+        let limit = if timeout_ms > 0 {
+            Duration::from_millis(timeout_ms)
+        } else {
+            Duration::MAX
+        };
+        let (code, error, dead) = match tokio::time::timeout(limit, work).await {
+            Ok((Some(code), Some(_))) => (code.parse().unwrap_or(-1), String::new(), false),
+            Ok(_) => (-1, "session shell exited".to_string(), true),
+            Err(_) => {
+                kill_group(*pid);
+                (
+                    137,
+                    format!("command timed out after {timeout_ms} ms"),
+                    true,
+                )
+            }
+        };
+        if dead {
+            *guard = None;
+        }
+        let status = ExitStatus {
+            code,
+            error,
+            elapsed_ms: started.elapsed().as_millis() as u64,
+        };
+        let _ = tx.send(Ok(event(exec_event::Kind::Exit(status)))).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,194 @@
+//! Starting a sandbox process: argv, environment, cwd, identity, pipes.
+use crate::config::AgentConfig;
+use crate::error::{AgentError, Result};
+use crate::{passwd, reaper};
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
+
+/// What to run, resolved against the image defaults.
+#[derive(Clone, Debug, Default)]
+pub struct SpawnSpec {
+    pub argv: Vec<String>,
+    pub envs: BTreeMap<String, String>,
+    pub cwd: String,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Give the process a stdin pipe instead of /dev/null.
+    pub stdin_pipe: bool,
+}
+
+impl SpawnSpec {
+    /// `command` through `/bin/sh -c`, or `argv` as given.
+    pub fn new(command: &str, argv: &[String]) -> Result<Self> {
+        let argv = if !argv.is_empty() {
+            argv.to_vec()
+        } else if !command.is_empty() {
+            vec!["/bin/sh".into(), "-c".into(), command.into()]
+        } else {
+            return Err(AgentError::InvalidArgument(
+                "command or argv is required".into(),
+            ));
+        };
+        Ok(SpawnSpec {
+            argv,
+            ..Default::default()
+        })
+    }
+}
+
+pub struct Spawned {
+    pub pid: i32,
+    pub stdin: Option<pipe::Sender>,
+    pub stdout: pipe::Receiver,
+    pub stderr: pipe::Receiver,
+    pub exit: oneshot::Receiver<i32>,
+}
+
+/// Identity a command runs as: request uid/gid, else the image's user, else root.
+fn identity(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Option<(u32, u32)>> {
+    if let Some(uid) = spec.uid {
+        let gid = spec
+            .gid
+            .or_else(|| passwd::user_by_uid(uid).map(|u| u.gid))
+            .unwrap_or(uid);
+        return Ok(Some((uid, gid)));
+    }
+    if spec.gid.is_some() {
+        return Err(AgentError::InvalidArgument("gid requires uid".into()));
+    }
+    if cfg.user.is_empty() {
+        return Ok(None);
+    }
+    passwd::resolve_image_user(&cfg.user)
+        .map(Some)
+        .ok_or_else(|| AgentError::InvalidArgument(format!("image user {:?} not found", cfg.user)))
+}
+
+/// The environment: image env, then HOME/USER of the identity, then request envs.
+fn environment(
+    spec: &SpawnSpec,
+    cfg: &AgentConfig,
+    id: Option<(u32, u32)>,
+) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = cfg
+        .env
+        .iter()
+        .filter_map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect();
+    env.entry("PATH".into())
+        .or_insert_with(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    let uid = id.map(|(u, _)| u).unwrap_or(0);
+    if let Some(u) = passwd::user_by_uid(uid) {
+        env.entry("HOME".into()).or_insert(u.home);
+        env.entry("USER".into()).or_insert(u.name);
+    } else if uid == 0 {
+        env.entry("HOME".into()).or_insert_with(|| "/root".into());
+    }
+    env.extend(spec.envs.clone());
+    env
+}
+
+/// Spawns the process in its own process group with stdin from /dev/null and
+/// stdout/stderr on pipes; it is reaped by [`reaper`].
+pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
+    let id = identity(spec, cfg)?;
+    let env = environment(spec, cfg, id);
+    let cwd = if spec.cwd.is_empty() {
+        cfg.workdir().to_string()
+    } else {
+        spec.cwd.clone()
+    };
+    if !std::path::Path::new(&cwd).is_dir() {
+        return Err(AgentError::InvalidArgument(format!(
+            "working directory {cwd} does not exist"
+        )));
+    }
+    let mut cmd = Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(&env)
+        .current_dir(&cwd)
+        .stdin(if spec.stdin_pipe {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // The agent shields itself from the OOM killer; its commands must not be.
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // open/write/close syscalls on a static path.
+    unsafe {
+        cmd.pre_exec(|| {
+            let fd = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if fd >= 0 {
+                libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+            }
+            Ok(())
+        });
+    }
+    if let Some((uid, gid)) = id {
+        // SAFETY: the closure runs in the forked child before exec and calls only
+        // async-signal-safe syscalls (setgroups/setgid/setuid) on plain integers.
+        unsafe {
+            cmd.pre_exec(move || {
+                let groups = [gid];
+                // setgroups is refused when the user namespace denies it; the
+                // primary gid below still applies.
+                libc::setgroups(1, groups.as_ptr());
+                if libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let (child, exit) = reaper::spawn_registered(|| {
+        let child = cmd.spawn()?;
+        let pid = child.id() as i32;
+        Ok((child, pid))
+    })
+    .map_err(|source| AgentError::Spawn {
+        program: spec.argv[0].clone(),
+        source,
+    })?;
+    let pid = child.id() as i32;
+    let mut child = child;
+    let to_pipe = |fd: std::os::fd::OwnedFd| {
+        pipe::Receiver::from_owned_fd(fd).map_err(|e| AgentError::io("pipe", e))
+    };
+    let stdout = to_pipe(child.stdout.take().expect("piped").into())?;
+    let stderr = to_pipe(child.stderr.take().expect("piped").into())?;
+    let stdin = match child.stdin.take() {
+        Some(s) => {
+            Some(pipe::Sender::from_owned_fd(s.into()).map_err(|e| AgentError::io("pipe", e))?)
+        }
+        None => None,
+    };
+    Ok(Spawned {
+        pid,
+        stdin,
+        stdout,
+        stderr,
+        exit,
+    })
+}
+
+/// SIGKILLs the process group `pgid`.
+pub fn kill_group(pgid: i32) {
+    // SAFETY: kill(2) with a negative pid signals a process group; no memory is involved.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+}

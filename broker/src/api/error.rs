@@ -1,0 +1,100 @@
+//! API errors: every error leaves as JSON `{code, message}` with its status.
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", message)
+    }
+    pub fn sandbox_not_found(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "SANDBOX_NOT_FOUND",
+            format!("sandbox {id} not found"),
+        )
+    }
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, code, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", message)
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "code": self.code, "message": self.message });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// Maps an agent or worker gRPC status onto the execd error vocabulary.
+impl From<tonic::Status> for ApiError {
+    fn from(s: tonic::Status) -> Self {
+        use tonic::Code;
+        let msg = s.message().to_string();
+        match s.code() {
+            Code::NotFound => Self::new(StatusCode::NOT_FOUND, "FILE_NOT_FOUND", msg),
+            Code::InvalidArgument | Code::OutOfRange => {
+                Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", msg)
+            }
+            Code::PermissionDenied => Self::new(StatusCode::FORBIDDEN, "PERMISSION_DENIED", msg),
+            Code::AlreadyExists => Self::new(StatusCode::CONFLICT, "ALREADY_EXISTS", msg),
+            Code::FailedPrecondition => Self::new(StatusCode::CONFLICT, "FAILED_PRECONDITION", msg),
+            Code::ResourceExhausted => {
+                Self::new(StatusCode::INSUFFICIENT_STORAGE, "RESOURCE_EXHAUSTED", msg)
+            }
+            Code::Unavailable | Code::Cancelled => {
+                Self::new(StatusCode::BAD_GATEWAY, "SANDBOX_UNAVAILABLE", msg)
+            }
+            _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR", msg),
+        }
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// Parses a JSON body with a clear 400 on failure.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+    if body.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST_BODY",
+            "request body is empty",
+        ));
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST_BODY",
+            format!("invalid JSON body: {e}"),
+        )
+    })
+}

@@ -1,0 +1,467 @@
+//! Lifecycle API handlers (`/v1/sandboxes...`).
+use super::error::{parse_json, ApiError, ApiResult};
+use super::limits;
+use super::models::*;
+use super::query::Query;
+use crate::sandbox::launch::{self, LaunchSpec};
+use crate::sandbox::record::rfc3339;
+use crate::sandbox::teardown::teardown;
+use crate::sandbox::{SandboxEntry, State as SbState};
+use crate::server::Ctx;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use pvisor_proto::worker::worker_client::WorkerClient;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Longest sandbox lifetime a create may ask for (30 days).
+const MAX_TIMEOUT_SECS: i64 = 30 * 24 * 3600;
+const RESERVED_METADATA_PREFIX: &str = "opensandbox.io/";
+pub const EXECD_PORT: u16 = 44772;
+pub const TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
+
+fn new_id() -> String {
+    let b: [u8; 16] = rand::random();
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-4{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[13..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+fn new_token() -> String {
+    let b: [u8; 24] = rand::random();
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn status_view(e: &SandboxEntry) -> SandboxStatus {
+    let s = e.status();
+    SandboxStatus {
+        state: s.state.as_str().into(),
+        reason: s.reason.clone(),
+        message: s.message.clone(),
+        last_transition_at: rfc3339(&s.since),
+    }
+}
+
+pub fn view(e: &SandboxEntry) -> SandboxView {
+    let status = status_view(e);
+    let s = e.status();
+    SandboxView {
+        id: e.id.clone(),
+        image: ImageRef {
+            uri: e.image_uri.clone(),
+        },
+        status,
+        entrypoint: e.entrypoint.clone(),
+        created_at: rfc3339(&e.created_at),
+        expires_at: s.expires_at.as_ref().map(rfc3339),
+        metadata: s.metadata.clone(),
+        extensions: BTreeMap::new(),
+    }
+}
+
+fn check_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
+    for k in m.keys() {
+        if k.is_empty() {
+            return Err(ApiError::bad_request("metadata keys must not be empty"));
+        }
+        if k.starts_with(RESERVED_METADATA_PREFIX) {
+            return Err(ApiError::bad_request(format!(
+                "metadata key {k:?} uses the reserved prefix {RESERVED_METADATA_PREFIX}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn lookup(ctx: &Ctx, id: &str) -> ApiResult<Arc<SandboxEntry>> {
+    ctx.registry
+        .get(id)
+        .ok_or_else(|| ApiError::sandbox_not_found(id))
+}
+
+fn unsupported_field(name: &str) -> ApiError {
+    ApiError::bad_request(format!("{name} is not supported by this server"))
+}
+
+pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Response> {
+    let req: CreateSandboxRequest = parse_json(&body)?;
+    if req.snapshot_id.is_some() {
+        return Err(unsupported_field("snapshotId"));
+    }
+    if req.template_id.is_some() {
+        return Err(unsupported_field("templateId"));
+    }
+    if req.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(unsupported_field("volumes"));
+    }
+    if req.network_policy.is_some() {
+        return Err(unsupported_field("networkPolicy"));
+    }
+    if req.lifecycle.is_some() {
+        return Err(unsupported_field("lifecycle"));
+    }
+    let image = req
+        .image
+        .as_ref()
+        .ok_or_else(|| ApiError::bad_request("image is required"))?;
+    if image.uri.trim().is_empty() {
+        return Err(ApiError::bad_request("image.uri must not be empty"));
+    }
+    if let Some(ep) = &req.entrypoint {
+        if ep.is_empty() || ep[0].is_empty() {
+            return Err(ApiError::bad_request(
+                "entrypoint must have at least one non-empty element",
+            ));
+        }
+    }
+    let timeout = match req.timeout {
+        None => None,
+        Some(t) if (1..=MAX_TIMEOUT_SECS).contains(&t) => Some(t),
+        Some(t) => {
+            return Err(ApiError::bad_request(format!(
+                "timeout must be between 1 and {MAX_TIMEOUT_SECS} seconds, got {t}"
+            )))
+        }
+    };
+    let limits = limits::from_request(req.resource_limits.as_ref(), ctx.default_limits)
+        .map_err(ApiError::bad_request)?;
+    let metadata = req.metadata.clone().unwrap_or_default();
+    check_metadata(&metadata)?;
+    let env = req.env.clone().unwrap_or_default();
+    if env.keys().any(|k| k.is_empty() || k.contains('=')) {
+        return Err(ApiError::bad_request(
+            "env keys must be non-empty and must not contain '='",
+        ));
+    }
+
+    let record = ctx.images.resolve(&image.uri).map_err(|e| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "IMAGE_NOT_FOUND",
+            format!("image {:?}: {e}", image.uri),
+        )
+    })?;
+    let cfg = &record.config;
+    let entrypoint = match &req.entrypoint {
+        Some(ep) => ep.clone(),
+        None => cfg
+            .entrypoint
+            .iter()
+            .chain(cfg.cmd.iter())
+            .cloned()
+            .collect(),
+    };
+    let id = new_id();
+    let mut env_list: Vec<String> = cfg.env.clone();
+    env_list.push(format!("OPENSANDBOX_ID={id}"));
+    env_list.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    let agent_config = serde_json::json!({
+        "env": env_list,
+        "workdir": cfg.working_dir,
+        "user": cfg.user,
+        "entrypoint": entrypoint,
+    });
+    let spec = LaunchSpec {
+        id: id.clone(),
+        image_root: ctx.images.rootfs(&record),
+        limits,
+        agent_config,
+    };
+    let (runtime, child) = launch::launch(&ctx, &spec).await?;
+    let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
+    let state_dir = runtime.state_dir.clone();
+    let entry = Arc::new(SandboxEntry::new(
+        id,
+        new_token(),
+        image.uri.clone(),
+        entrypoint,
+        expires_at,
+        metadata,
+        runtime,
+    ));
+    ctx.registry.insert(entry.clone());
+    launch::monitor(entry.clone(), child, state_dir.join("worker.log"));
+    tracing::info!(sandbox = %entry.id, image = %entry.image_uri, "created");
+    let v = view(&entry);
+    let resp = CreateSandboxResponse {
+        id: v.id,
+        status: v.status,
+        created_at: v.created_at,
+        entrypoint: v.entrypoint,
+        expires_at: v.expires_at,
+        metadata: v.metadata,
+    };
+    Ok((StatusCode::ACCEPTED, Json(resp)).into_response())
+}
+
+pub async fn get_one(
+    State(ctx): State<Arc<Ctx>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SandboxView>> {
+    let e = lookup(&ctx, &id)?;
+    Ok(Json(view(&e)))
+}
+
+/// Parses the SDK's `metadata` filter: `k1=v1&k2=v2`, each part percent-encoded.
+fn parse_metadata_filter(raw: &str) -> Vec<(String, String)> {
+    let dec = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    raw.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (dec(k), dec(v)),
+            None => (dec(p), String::new()),
+        })
+        .collect()
+}
+
+pub async fn list(
+    State(ctx): State<Arc<Ctx>>,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<Json<ListSandboxesResponse>> {
+    let q = Query::parse(raw.as_deref());
+    let states: Vec<String> = q
+        .all("state")
+        .iter()
+        .map(|s| s.to_ascii_lowercase())
+        .collect();
+    let meta: Vec<(String, String)> = q
+        .all("metadata")
+        .iter()
+        .flat_map(|m| parse_metadata_filter(m))
+        .collect();
+    let page: u64 = q.number("page")?.unwrap_or(1);
+    let page_size: u64 = q.number("pageSize")?.unwrap_or(20);
+    if page < 1 {
+        return Err(ApiError::bad_request("page must be at least 1"));
+    }
+    if !(1..=200).contains(&page_size) {
+        return Err(ApiError::bad_request("pageSize must be between 1 and 200"));
+    }
+    let items: Vec<SandboxView> = ctx
+        .registry
+        .list()
+        .iter()
+        .map(|e| view(e))
+        .filter(|v| states.is_empty() || states.contains(&v.status.state.to_ascii_lowercase()))
+        .filter(|v| meta.iter().all(|(k, val)| v.metadata.get(k) == Some(val)))
+        .collect();
+    let total = items.len() as u64;
+    let total_pages = total.div_ceil(page_size);
+    let items: Vec<SandboxView> = items
+        .into_iter()
+        .skip(((page - 1) * page_size) as usize)
+        .take(page_size as usize)
+        .collect();
+    Ok(Json(ListSandboxesResponse {
+        items,
+        pagination: Pagination {
+            page,
+            page_size,
+            total_items: total,
+            total_pages,
+            has_next_page: page < total_pages,
+        },
+    }))
+}
+
+pub async fn delete(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    let entry = ctx
+        .registry
+        .remove(&id)
+        .ok_or_else(|| ApiError::sandbox_not_found(&id))?;
+    teardown(&entry).await;
+    tracing::info!(sandbox = %id, "deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn parse_time(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .ok()
+        .or_else(|| {
+            chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f")
+                .ok()
+                .map(|n| n.and_utc())
+        })
+}
+
+pub async fn renew(
+    State(ctx): State<Arc<Ctx>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<RenewResponse>> {
+    lookup(&ctx, &id)?;
+    let req: RenewRequest = parse_json(&body)?;
+    let at = parse_time(&req.expires_at).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_EXPIRATION",
+            format!("expiresAt {:?} is not an RFC 3339 time", req.expires_at),
+        )
+    })?;
+    if at <= Utc::now() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_EXPIRATION",
+            "expiresAt is in the past",
+        ));
+    }
+    // Under the registry lock: the expiry sweep cannot remove it meanwhile.
+    let r = ctx.registry.with_live(&id, |e| {
+        let mut s = e.status();
+        if s.expires_at.is_none() {
+            return Err(ApiError::conflict(
+                "MANUAL_CLEANUP",
+                "sandbox was created without a timeout; it has no expiry to renew",
+            ));
+        }
+        s.expires_at = Some(at);
+        Ok(at)
+    });
+    let at = r.ok_or_else(|| ApiError::sandbox_not_found(&id))??;
+    Ok(Json(RenewResponse {
+        expires_at: rfc3339(&at),
+    }))
+}
+
+pub async fn endpoint(
+    State(ctx): State<Arc<Ctx>>,
+    Path((id, port)): Path<(String, String)>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<Json<EndpointView>> {
+    let e = lookup(&ctx, &id)?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| ApiError::bad_request(format!("invalid port {port:?}")))?;
+    let q = Query::parse(raw.as_deref());
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .unwrap_or_else(|| ctx.listen.to_string());
+    let prefix = if q.flag("use_server_proxy") {
+        "/v1"
+    } else {
+        ""
+    };
+    let endpoint = format!("{host}{prefix}/sandboxes/{id}/proxy/{port}");
+    let headers = BTreeMap::from([(TOKEN_HEADER.to_string(), e.token.clone())]);
+    Ok(Json(EndpointView { endpoint, headers }))
+}
+
+async fn worker_call(ctx: &Ctx, id: &str, pause: bool) -> ApiResult<Arc<SandboxEntry>> {
+    let e = lookup(ctx, id)?;
+    let mut client = WorkerClient::new(e.channel()?);
+    let r = if pause {
+        client.pause(pvisor_proto::worker::Empty {}).await
+    } else {
+        client.resume(pvisor_proto::worker::Empty {}).await
+    };
+    r.map_err(ApiError::from)?;
+    Ok(e)
+}
+
+pub async fn pause(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    let e = worker_call(&ctx, &id, true).await?;
+    e.set_state(SbState::Paused, None, None);
+    Ok(StatusCode::ACCEPTED)
+}
+
+pub async fn resume(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    let e = worker_call(&ctx, &id, false).await?;
+    e.set_state(SbState::Running, None, None);
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// JSON merge patch of the metadata: a string sets a key, null deletes it.
+pub async fn patch_metadata(
+    State(ctx): State<Arc<Ctx>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<SandboxView>> {
+    let e = lookup(&ctx, &id)?;
+    let patch: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
+    let mut set = BTreeMap::new();
+    let mut del = Vec::new();
+    for (k, v) in patch {
+        match v {
+            serde_json::Value::Null => del.push(k),
+            serde_json::Value::String(s) => {
+                set.insert(k, s);
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "metadata value for {k:?} must be a string or null, got {other}"
+                )))
+            }
+        }
+    }
+    check_metadata(&set)?;
+    {
+        let mut s = e.status();
+        for k in del {
+            s.metadata.remove(&k);
+        }
+        s.metadata.extend(set);
+    }
+    Ok(Json(view(&e)))
+}
+
+pub async fn metrics_event() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+pub async fn unsupported() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "NOT_SUPPORTED",
+        "snapshots and templates are not supported by this server",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_filter_decodes_each_part() {
+        assert_eq!(
+            parse_metadata_filter("team=a%26b&env=prod"),
+            vec![
+                ("team".to_string(), "a&b".to_string()),
+                ("env".to_string(), "prod".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn times_parse_with_offsets_and_fractions() {
+        assert!(parse_time("2026-11-30T04:44:49.797776+00:00").is_some());
+        assert!(parse_time("2026-01-01T00:00:00Z").is_some());
+        assert!(parse_time("yesterday").is_none());
+    }
+
+    #[test]
+    fn ids_look_like_uuid4() {
+        let id = new_id();
+        assert_eq!(id.len(), 36);
+        assert_eq!(&id[14..15], "4");
+    }
+}

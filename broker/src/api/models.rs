@@ -1,0 +1,114 @@
+//! Lifecycle API wire types (camelCase; optional fields omitted, never null).
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageSpec {
+    pub uri: String,
+}
+
+/// `POST /v1/sandboxes`. Unknown fields are tolerated (newer SDKs send more).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateSandboxRequest {
+    pub image: Option<ImageSpec>,
+    pub snapshot_id: Option<String>,
+    pub template_id: Option<String>,
+    #[serde(default)]
+    pub entrypoint: Option<Vec<String>>,
+    /// Seconds; absent or null means no automatic expiry.
+    #[serde(default)]
+    pub timeout: Option<i64>,
+    #[serde(default)]
+    pub resource_limits: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub volumes: Option<Vec<serde_json::Value>>,
+    #[serde(default)]
+    pub network_policy: Option<serde_json::Value>,
+    #[serde(default)]
+    pub lifecycle: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub last_transition_at: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageRef {
+    pub uri: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxView {
+    pub id: String,
+    pub image: ImageRef,
+    pub status: SandboxStatus,
+    pub entrypoint: Vec<String>,
+    pub created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub extensions: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateSandboxResponse {
+    pub id: String,
+    pub status: SandboxStatus,
+    pub created_at: String,
+    pub entrypoint: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pagination {
+    pub page: u64,
+    pub page_size: u64,
+    pub total_items: u64,
+    pub total_pages: u64,
+    pub has_next_page: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ListSandboxesResponse {
+    pub items: Vec<SandboxView>,
+    pub pagination: Pagination,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewRequest {
+    pub expires_at: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewResponse {
+    pub expires_at: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EndpointView {
+    pub endpoint: String,
+    pub headers: BTreeMap<String, String>,
+}

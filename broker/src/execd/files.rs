@@ -1,0 +1,419 @@
+//! `/files` and `/directories`.
+use super::fileinfo::{mode_from_wire, to_json};
+use super::{agent, Sandbox};
+use crate::api::error::{parse_json, ApiError, ApiResult};
+use crate::api::query::Query;
+use axum::body::{Body, Bytes};
+use axum::extract::multipart::MultipartRejection;
+use axum::extract::{Multipart, RawQuery};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures::StreamExt;
+use pvisor_proto::agent::*;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, VecDeque};
+use tokio_stream::wrappers::ReceiverStream;
+
+/// `{"mode": 755, "owner": null, "group": null}` as sent by the SDK.
+#[derive(Debug, Default, Deserialize)]
+struct Perms {
+    #[serde(default)]
+    mode: Option<u64>,
+    #[serde(default)]
+    owner: Option<String>,
+    #[serde(default)]
+    group: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct UploadMeta {
+    path: String,
+    #[serde(flatten)]
+    perms: Perms,
+}
+
+fn entry(path: String, p: Perms) -> ApiResult<PermissionEntry> {
+    let mode = p
+        .mode
+        .map(mode_from_wire)
+        .transpose()
+        .map_err(ApiError::bad_request)?;
+    Ok(PermissionEntry {
+        path,
+        mode,
+        owner: p.owner,
+        group: p.group,
+    })
+}
+
+fn perms_map(body: &Bytes) -> ApiResult<Vec<PermissionEntry>> {
+    let m: BTreeMap<String, Perms> = parse_json(body)?;
+    if m.is_empty() {
+        return Err(ApiError::bad_request("no paths given"));
+    }
+    m.into_iter().map(|(path, p)| entry(path, p)).collect()
+}
+
+fn paths(raw: &Option<String>) -> ApiResult<Vec<String>> {
+    let p = Query::parse(raw.as_deref()).all("path");
+    if p.is_empty() {
+        return Err(ApiError::bad_request(
+            "query parameter \"path\" is required",
+        ));
+    }
+    Ok(p)
+}
+
+fn file_list(files: &[FileInfo]) -> Json<Value> {
+    Json(Value::Array(files.iter().map(to_json).collect()))
+}
+
+pub async fn info(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
+    let files = agent(&sb)?
+        .stat(PathsRequest {
+            paths: paths(&raw)?,
+        })
+        .await?
+        .into_inner()
+        .files;
+    let mut out = Map::new();
+    for f in &files {
+        out.insert(f.path.clone(), to_json(f));
+    }
+    Ok(Json(Value::Object(out)))
+}
+
+/// Multipart upload: `metadata` and `file` parts in pairs, streamed to the
+/// agent. If the body breaks off, the agent call is cancelled and the agent
+/// discards the partial file (the target keeps its old content).
+pub async fn upload(
+    Extension(sb): Sandbox,
+    mp: Result<Multipart, MultipartRejection>,
+) -> ApiResult<StatusCode> {
+    let mut mp = mp.map_err(|e| ApiError::bad_request(format!("invalid multipart body: {e}")))?;
+    let mut client = agent(&sb)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<UploadChunk>(8);
+    let call = tokio::spawn(async move { client.upload(ReceiverStream::new(rx)).await });
+    let chunk = |kind| UploadChunk { kind: Some(kind) };
+    let fed: ApiResult<bool> = async {
+        let mut metas: VecDeque<UploadMeta> = VecDeque::new();
+        let mut files = 0usize;
+        let bad = |e: axum::extract::multipart::MultipartError| {
+            ApiError::bad_request(format!("invalid multipart body: {e}"))
+        };
+        while let Some(mut field) = mp.next_field().await.map_err(bad)? {
+            match field.name() {
+                Some("metadata") => {
+                    let bytes = field.bytes().await.map_err(bad)?;
+                    metas.push_back(parse_json(&bytes)?);
+                }
+                Some("file") => {
+                    let m = metas.pop_front().ok_or_else(|| {
+                        ApiError::bad_request("file part without a preceding metadata part")
+                    })?;
+                    let e = entry(m.path, m.perms)?;
+                    let h = UploadHeader {
+                        path: e.path,
+                        mode: e.mode.or(Some(0o644)),
+                        owner: e.owner,
+                        group: e.group,
+                    };
+                    if tx.send(chunk(upload_chunk::Kind::Header(h))).await.is_err() {
+                        return Ok(false);
+                    }
+                    while let Some(data) = field.chunk().await.map_err(bad)? {
+                        if tx
+                            .send(chunk(upload_chunk::Kind::Data(data.to_vec())))
+                            .await
+                            .is_err()
+                        {
+                            return Ok(false);
+                        }
+                    }
+                    files += 1;
+                }
+                _ => while field.chunk().await.map_err(bad)?.is_some() {},
+            }
+        }
+        if files == 0 {
+            return Err(ApiError::bad_request("no file part in the upload"));
+        }
+        if !metas.is_empty() {
+            return Err(ApiError::bad_request("metadata part without a file part"));
+        }
+        Ok(true)
+    }
+    .await;
+    match fed {
+        Err(e) => {
+            call.abort();
+            Err(e)
+        }
+        Ok(_) => {
+            drop(tx);
+            match call.await {
+                Ok(Ok(_)) => Ok(StatusCode::OK),
+                Ok(Err(s)) => Err(s.into()),
+                Err(e) => Err(ApiError::internal(e.to_string())),
+            }
+        }
+    }
+}
+
+/// Parses a single `Range: bytes=...` against `size` → (start, len).
+fn parse_range(h: &str, size: u64) -> Option<Result<(u64, u64), ()>> {
+    let spec = h.trim().strip_prefix("bytes=")?;
+    if spec.contains(',') {
+        return None;
+    }
+    let (a, b) = spec.split_once('-')?;
+    let r = match (a.trim(), b.trim()) {
+        ("", n) => {
+            let n: u64 = n.parse().ok()?;
+            if n == 0 || size == 0 {
+                Err(())
+            } else {
+                Ok((size.saturating_sub(n), n.min(size)))
+            }
+        }
+        (s, e) => {
+            let s: u64 = s.parse().ok()?;
+            let e: u64 = if e.is_empty() {
+                size.saturating_sub(1)
+            } else {
+                e.parse().ok()?
+            };
+            if s >= size || e < s {
+                Err(())
+            } else {
+                Ok((s, e.min(size - 1) - s + 1))
+            }
+        }
+    };
+    Some(r)
+}
+
+pub async fn download(
+    Extension(sb): Sandbox,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<Response> {
+    let q = Query::parse(raw.as_deref());
+    let path = q.required("path")?.to_string();
+    let mut client = agent(&sb)?;
+    let info = client
+        .stat(PathsRequest {
+            paths: vec![path.clone()],
+        })
+        .await?
+        .into_inner()
+        .files;
+    let size = info.first().map(|f| f.size).unwrap_or(0);
+    if info.first().is_some_and(|f| f.r#type == "directory") {
+        return Err(ApiError::bad_request(format!("{path} is a directory")));
+    }
+    let offset: u64 = q.number("offset")?.unwrap_or(0);
+    let limit: Option<u64> = q.number("limit")?;
+    let mut status = StatusCode::OK;
+    let mut content_range = None;
+    let (start, len) = match headers
+        .get(header::RANGE)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| parse_range(h, size))
+    {
+        Some(Ok((s, n))) => {
+            status = StatusCode::PARTIAL_CONTENT;
+            content_range = Some(format!("bytes {}-{}/{}", s, s + n - 1, size));
+            (s, n)
+        }
+        Some(Err(())) => {
+            let e = ApiError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "RANGE_NOT_SATISFIABLE",
+                format!("range not satisfiable for a file of {size} bytes"),
+            );
+            let mut r = e.into_response();
+            if let Ok(v) = format!("bytes */{size}").parse() {
+                r.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            return Ok(r);
+        }
+        None => {
+            if offset > size {
+                return Err(ApiError::new(
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    "RANGE_NOT_SATISFIABLE",
+                    format!("offset {offset} is beyond the end ({size})"),
+                ));
+            }
+            let rest = size - offset;
+            (offset, limit.map_or(rest, |l| l.min(rest)))
+        }
+    };
+    let stream = if len == 0 {
+        None
+    } else {
+        Some(
+            client
+                .download(DownloadRequest {
+                    path,
+                    offset: start,
+                    limit: len,
+                })
+                .await?
+                .into_inner(),
+        )
+    };
+    let body = match stream {
+        None => Body::empty(),
+        Some(s) => Body::from_stream(s.map(|r| {
+            r.map(|c| Bytes::from(c.data))
+                .map_err(std::io::Error::other)
+        })),
+    };
+    let mut resp = (
+        status,
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, len.to_string()),
+            (header::ACCEPT_RANGES, "bytes".to_string()),
+        ],
+        body,
+    )
+        .into_response();
+    if let Some(cr) = content_range.and_then(|c| c.parse().ok()) {
+        resp.headers_mut().insert(header::CONTENT_RANGE, cr);
+    }
+    Ok(resp)
+}
+
+pub async fn remove(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<StatusCode> {
+    agent(&sb)?
+        .remove_files(PathsRequest {
+            paths: paths(&raw)?,
+        })
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+struct Mv {
+    src: String,
+    dest: String,
+}
+
+pub async fn rename(Extension(sb): Sandbox, body: Bytes) -> ApiResult<StatusCode> {
+    let moves: Vec<Mv> = parse_json(&body)?;
+    let moves = moves
+        .into_iter()
+        .map(|m| MovePair {
+            src: m.src,
+            dest: m.dest,
+        })
+        .collect();
+    agent(&sb)?.r#move(MoveRequest { moves }).await?;
+    Ok(StatusCode::OK)
+}
+
+pub async fn permissions(Extension(sb): Sandbox, body: Bytes) -> ApiResult<StatusCode> {
+    agent(&sb)?
+        .set_permissions(PermissionsRequest {
+            entries: perms_map(&body)?,
+        })
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+pub async fn search(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
+    let q = Query::parse(raw.as_deref());
+    let req = SearchRequest {
+        path: q.required("path")?.to_string(),
+        pattern: q.one("pattern").unwrap_or("").to_string(),
+    };
+    Ok(file_list(
+        &agent(&sb)?.search(req).await?.into_inner().files,
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+struct Repl {
+    old: String,
+    new: String,
+}
+
+pub async fn replace(
+    Extension(sb): Sandbox,
+    RawQuery(raw): RawQuery,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let verbose = Query::parse(raw.as_deref()).flag("verbose");
+    let m: BTreeMap<String, Repl> = parse_json(&body)?;
+    let entries = m
+        .into_iter()
+        .map(|(path, r)| ReplaceEntry {
+            path,
+            old: r.old,
+            new: r.new,
+        })
+        .collect();
+    let counts = agent(&sb)?
+        .replace(ReplaceRequest { entries })
+        .await?
+        .into_inner()
+        .counts;
+    if !verbose {
+        return Ok(StatusCode::OK.into_response());
+    }
+    let mut out = Map::new();
+    for c in counts {
+        out.insert(c.path, serde_json::json!({"replacedCount": c.replaced}));
+    }
+    Ok(Json(Value::Object(out)).into_response())
+}
+
+pub async fn list_dir(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
+    let q = Query::parse(raw.as_deref());
+    let req = ListDirRequest {
+        path: q.required("path")?.to_string(),
+        depth: q.number("depth")?.unwrap_or(1),
+    };
+    Ok(file_list(
+        &agent(&sb)?.list_dir(req).await?.into_inner().files,
+    ))
+}
+
+pub async fn make_dirs(Extension(sb): Sandbox, body: Bytes) -> ApiResult<StatusCode> {
+    agent(&sb)?
+        .make_dirs(PermissionsRequest {
+            entries: perms_map(&body)?,
+        })
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+pub async fn remove_dirs(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<StatusCode> {
+    agent(&sb)?
+        .remove_dirs(PathsRequest {
+            paths: paths(&raw)?,
+        })
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_range;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("bytes=0-9", 100), Some(Ok((0, 10))));
+        assert_eq!(parse_range("bytes=90-", 100), Some(Ok((90, 10))));
+        assert_eq!(parse_range("bytes=-5", 100), Some(Ok((95, 5))));
+        assert_eq!(parse_range("bytes=95-200", 100), Some(Ok((95, 5))));
+        assert_eq!(parse_range("bytes=100-", 100), Some(Err(())));
+        assert_eq!(parse_range("bytes=5-1", 100), Some(Err(())));
+        assert_eq!(parse_range("items=0-1", 100), None);
+    }
+}

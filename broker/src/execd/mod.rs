@@ -1,0 +1,156 @@
+//! The execd data plane, served natively by the broker.
+//!
+//! `/sandboxes/{id}/proxy/{port}/...` (direct) and the same under `/v1`
+//! (server proxy) land in [`dispatch`]: it checks the sandbox's data-plane
+//! token, then serves port 44772 with the execd API below and tunnels any
+//! other port to `127.0.0.1:port` inside the sandbox ([`proxy`]).
+pub mod command;
+pub mod fileinfo;
+pub mod files;
+pub mod metrics;
+pub mod proxy;
+pub mod session;
+pub mod sse;
+
+use crate::api::auth::constant_time_eq;
+use crate::api::error::{ApiError, ApiResult};
+use crate::api::lifecycle::{EXECD_PORT, TOKEN_HEADER};
+use crate::sandbox::SandboxEntry;
+use crate::server::Ctx;
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, delete, get, post};
+use axum::{Extension, Router};
+use pvisor_proto::agent::agent_client::AgentClient;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tonic::transport::Channel;
+use tower::ServiceExt;
+
+pub type Sandbox = Extension<Arc<SandboxEntry>>;
+
+/// A gRPC client to the sandbox's agent (through its worker).
+pub fn agent(sb: &SandboxEntry) -> ApiResult<AgentClient<Channel>> {
+    Ok(AgentClient::new(sb.running_channel()?)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such execd route")
+}
+
+async fn not_supported() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "NOT_SUPPORTED",
+        "code interpreters and PTYs are not supported by this server",
+    )
+}
+
+async fn ping(Extension(sb): Sandbox) -> ApiResult<StatusCode> {
+    agent(&sb)?.ping(pvisor_proto::agent::Empty {}).await?;
+    Ok(StatusCode::OK)
+}
+
+/// The execd API of one sandbox (the sandbox arrives as an extension).
+fn execd_router() -> Router {
+    Router::new()
+        .route("/ping", get(ping))
+        .route("/command", post(command::run).delete(command::interrupt))
+        .route("/command/status/{cid}", get(command::status))
+        .route("/command/{cid}/logs", get(command::logs))
+        .route("/session", post(session::create))
+        .route("/session/{sid}/run", post(session::run))
+        .route("/session/{sid}", delete(session::delete))
+        .route("/files/info", get(files::info))
+        .route("/files/upload", post(files::upload))
+        .route("/files/download", get(files::download))
+        .route("/files", delete(files::remove))
+        .route("/files/mv", post(files::rename))
+        .route("/files/permissions", post(files::permissions))
+        .route("/files/search", get(files::search))
+        .route("/files/replace", post(files::replace))
+        .route("/directories/list", get(files::list_dir))
+        .route(
+            "/directories",
+            post(files::make_dirs).delete(files::remove_dirs),
+        )
+        .route("/metrics", get(metrics::get))
+        .route("/metrics/watch", get(metrics::watch))
+        .route("/code", any(not_supported))
+        .route("/code/{*rest}", any(not_supported))
+        .route("/pty", any(not_supported))
+        .route("/pty/{*rest}", any(not_supported))
+        .fallback(not_found)
+}
+
+/// Routes `/sandboxes/{id}/proxy/{port}[/...]` to [`dispatch`].
+pub fn dispatch_router(_ctx: Arc<Ctx>) -> Router<Arc<Ctx>> {
+    let inner = execd_router();
+    let handler =
+        move |State(ctx): State<Arc<Ctx>>, Path(p): Path<HashMap<String, String>>, req: Request| {
+            let inner = inner.clone();
+            async move { dispatch(ctx, inner, p, req).await }
+        };
+    Router::new()
+        .route("/sandboxes/{id}/proxy/{port}", any(handler.clone()))
+        .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(handler))
+}
+
+fn check_token(sb: &SandboxEntry, req: &Request) -> ApiResult<()> {
+    match req.headers().get(TOKEN_HEADER) {
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "MISSING_ACCESS_TOKEN",
+            format!("missing {TOKEN_HEADER} header"),
+        )),
+        Some(v) if !constant_time_eq(v.as_bytes(), sb.token.as_bytes()) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "INVALID_ACCESS_TOKEN",
+            "invalid data-plane access token",
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+async fn dispatch(
+    ctx: Arc<Ctx>,
+    inner: Router,
+    p: HashMap<String, String>,
+    mut req: Request,
+) -> Response {
+    let id = p.get("id").cloned().unwrap_or_default();
+    let Some(sb) = ctx.registry.get(&id) else {
+        return ApiError::sandbox_not_found(&id).into_response();
+    };
+    if let Err(e) = check_token(&sb, &req) {
+        return e.into_response();
+    }
+    let port = match p
+        .get("port")
+        .and_then(|s| s.parse::<u16>().ok())
+        .filter(|p| *p > 0)
+    {
+        Some(port) => port,
+        None => return ApiError::bad_request("invalid port").into_response(),
+    };
+    let rest = p.get("rest").cloned().unwrap_or_default();
+    if port != EXECD_PORT {
+        return proxy::forward(sb, port, &rest, req).await;
+    }
+    let pq = match req.uri().query() {
+        Some(q) => format!("/{rest}?{q}"),
+        None => format!("/{rest}"),
+    };
+    match pq.parse() {
+        Ok(uri) => *req.uri_mut() = uri,
+        Err(_) => return ApiError::bad_request("invalid request path").into_response(),
+    }
+    req.extensions_mut().insert(sb);
+    match inner.oneshot(req).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    }
+}

@@ -1,0 +1,10 @@
+//! Sandboxes as the broker sees them: records, the registry, launching a
+//! worker, tearing one down and expiring them.
+pub mod expiry;
+pub mod launch;
+pub mod record;
+pub mod registry;
+pub mod teardown;
+
+pub use record::{SandboxEntry, State};
+pub use registry::Registry;

@@ -1,0 +1,158 @@
+//! One sandbox's record: immutable facts, mutable status, and the live
+//! runtime handles (gone once torn down).
+use crate::api::error::ApiError;
+use chrono::{DateTime, SecondsFormat, Utc};
+use pvisor_worker::cgroup::GroupPaths;
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use tonic::transport::Channel;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Running,
+    Paused,
+    Failed,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "Running",
+            State::Paused => "Paused",
+            State::Failed => "Failed",
+        }
+    }
+}
+
+pub fn rfc3339(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub state: State,
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    pub since: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Handles of a live sandbox.
+pub struct Runtime {
+    pub channel: Channel,
+    pub worker_pid: u32,
+    pub cgroup: Option<GroupPaths>,
+    pub state_dir: PathBuf,
+    pub socket: PathBuf,
+    /// The broker's end of the worker's lifeline pipe; dropping it ends the worker.
+    pub lifeline: OwnedFd,
+}
+
+pub struct SandboxEntry {
+    pub id: String,
+    /// Data-plane token handed out in endpoint headers.
+    pub token: String,
+    pub image_uri: String,
+    pub entrypoint: Vec<String>,
+    pub created_at: DateTime<Utc>,
+    status: Mutex<Status>,
+    runtime: Mutex<Option<Runtime>>,
+    /// Set when the broker itself ends the sandbox (delete, expiry).
+    deleting: AtomicBool,
+}
+
+impl SandboxEntry {
+    pub fn new(
+        id: String,
+        token: String,
+        image_uri: String,
+        entrypoint: Vec<String>,
+        expires_at: Option<DateTime<Utc>>,
+        metadata: BTreeMap<String, String>,
+        runtime: Runtime,
+    ) -> Self {
+        let now = Utc::now();
+        SandboxEntry {
+            id,
+            token,
+            image_uri,
+            entrypoint,
+            created_at: now,
+            status: Mutex::new(Status {
+                state: State::Running,
+                reason: None,
+                message: None,
+                since: now,
+                expires_at,
+                metadata,
+            }),
+            runtime: Mutex::new(Some(runtime)),
+            deleting: AtomicBool::new(false),
+        }
+    }
+
+    pub fn status(&self) -> MutexGuard<'_, Status> {
+        self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_state(&self, state: State, reason: Option<String>, message: Option<String>) {
+        let mut s = self.status();
+        s.state = state;
+        s.reason = reason;
+        s.message = message;
+        s.since = Utc::now();
+    }
+
+    pub fn mark_deleting(&self) {
+        self.deleting.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_deleting(&self) -> bool {
+        self.deleting.load(Ordering::SeqCst)
+    }
+
+    pub fn take_runtime(&self) -> Option<Runtime> {
+        self.runtime
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// The gRPC channel to the worker, if the sandbox is live.
+    pub fn channel(&self) -> Result<Channel, ApiError> {
+        let rt = self.runtime.lock().unwrap_or_else(|e| e.into_inner());
+        match rt.as_ref() {
+            Some(r) => Ok(r.channel.clone()),
+            None => {
+                let s = self.status();
+                Err(ApiError::conflict(
+                    "SANDBOX_NOT_RUNNING",
+                    format!(
+                        "sandbox {} is {}{}",
+                        self.id,
+                        s.state.as_str(),
+                        s.message
+                            .as_deref()
+                            .map(|m| format!(": {m}"))
+                            .unwrap_or_default()
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Like [`channel`](Self::channel), but refuses a paused sandbox.
+    pub fn running_channel(&self) -> Result<Channel, ApiError> {
+        if self.status().state == State::Paused {
+            return Err(ApiError::conflict(
+                "SANDBOX_PAUSED",
+                format!("sandbox {} is paused", self.id),
+            ));
+        }
+        self.channel()
+    }
+}

@@ -1,0 +1,243 @@
+//! `pvisor serve`: the broker daemon.
+use crate::api;
+use crate::sandbox::{expiry, teardown::teardown, Registry};
+use pvisor_images::ImageStore;
+use pvisor_worker::cgroup::{GroupPaths, Layout};
+use pvisor_worker::config::{IdMap, Limits};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Everything the handlers share.
+pub struct Ctx {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub run_dir: PathBuf,
+    pub sandboxes_dir: PathBuf,
+    pub images: ImageStore,
+    pub cgroups: Option<Layout>,
+    pub worker_bin: PathBuf,
+    pub agent_bin: PathBuf,
+    pub default_limits: Limits,
+    pub ids: IdMap,
+    pub registry: Registry,
+    pub api_key: Option<String>,
+}
+
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub worker_bin: Option<PathBuf>,
+    pub agent_bin: Option<PathBuf>,
+    pub allow_no_cgroups: bool,
+}
+
+/// `/var/lib/pvisor` for root, else the user's data directory.
+pub fn default_data_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/var/lib/pvisor");
+    }
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME") {
+        return PathBuf::from(x).join("pvisor");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    home.join(".local/share/pvisor")
+}
+
+/// A sibling binary of the running executable.
+fn sibling(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// True when the ELF file has no program interpreter (statically linked).
+pub fn is_static_elf(path: &Path) -> std::io::Result<bool> {
+    let data = std::fs::read(path)?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not a 64-bit ELF file");
+    if data.len() < 64 || &data[0..4] != b"\x7fELF" || data[4] != 2 {
+        return Err(bad());
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(data[0x20..0x28].try_into().map_err(|_| bad())?) as usize;
+    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    for i in 0..phnum {
+        let o = phoff + i * phentsize;
+        let t = data.get(o..o + 4).ok_or_else(bad)?;
+        if u32::from_le_bytes(t.try_into().map_err(|_| bad())?) == 3 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn clean_dir(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for e in std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .flatten()
+    {
+        let p = e.path();
+        let _ = if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+    }
+    Ok(())
+}
+
+/// Removes sandbox cgroups a previous broker left behind.
+fn clean_stale_cgroups(layout: &Layout) {
+    let bases: Vec<(Option<String>, PathBuf)> = match layout {
+        Layout::V2 { base } => vec![(None, base.clone())],
+        Layout::V1 { bases } => bases
+            .iter()
+            .map(|(c, b)| (Some(c.clone()), b.clone()))
+            .collect(),
+    };
+    let mut stale: std::collections::BTreeMap<String, GroupPaths> = Default::default();
+    for (ctrl, base) in bases {
+        for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("pvisor-") || name == "pvisor-broker" || !e.path().is_dir() {
+                continue;
+            }
+            let g = stale.entry(name).or_default();
+            match &ctrl {
+                None => g.v2 = Some(e.path()),
+                Some(c) => {
+                    g.v1.insert(c.clone(), e.path());
+                }
+            }
+        }
+    }
+    for (name, g) in stale {
+        tracing::info!("removing stale cgroup {name}");
+        let _ = g.destroy();
+    }
+}
+
+fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
+    let api_key = std::env::var("PVISOR_API_KEY")
+        .ok()
+        .filter(|k| !k.is_empty());
+    if !o.listen.ip().is_loopback() && api_key.is_none() {
+        return Err(format!(
+            "refusing to listen on {} without an API key: set PVISOR_API_KEY, or listen on a loopback address",
+            o.listen
+        ));
+    }
+    let run_dir = o.data_dir.join("run");
+    let sandboxes_dir = o.data_dir.join("sandboxes");
+    clean_dir(&run_dir)?;
+    clean_dir(&sandboxes_dir)?;
+    let images =
+        ImageStore::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
+    let cgroups = match Layout::detect() {
+        Ok(l) => {
+            clean_stale_cgroups(&l);
+            Some(l)
+        }
+        Err(e) if o.allow_no_cgroups => {
+            tracing::warn!("no cgroups: sandboxes run without resource limits ({e})");
+            None
+        }
+        Err(e) => {
+            return Err(format!(
+                "{e}; pass --allow-no-cgroups to run without resource limits"
+            ))
+        }
+    };
+    let worker_bin = o
+        .worker_bin
+        .or_else(|| std::env::var_os("PVISOR_WORKER").map(PathBuf::from))
+        .unwrap_or_else(|| sibling("pvisor-worker"));
+    let agent_bin = o
+        .agent_bin
+        .or_else(|| std::env::var_os("PVISOR_AGENT").map(PathBuf::from))
+        .unwrap_or_else(|| sibling("pvisor-agent"));
+    if !worker_bin.is_file() {
+        return Err(format!(
+            "worker binary {} not found (use --worker-bin)",
+            worker_bin.display()
+        ));
+    }
+    match is_static_elf(&agent_bin) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(format!(
+                "agent binary {} is dynamically linked; it must be static to run inside any image",
+                agent_bin.display()
+            ))
+        }
+        Err(e) => {
+            return Err(format!(
+                "agent binary {}: {e} (use --agent-bin)",
+                agent_bin.display()
+            ))
+        }
+    }
+    let ids = IdMap::for_current_user(images.id_shift());
+    Ok(Ctx {
+        listen: o.listen,
+        data_dir: o.data_dir,
+        run_dir,
+        sandboxes_dir,
+        images,
+        cgroups,
+        worker_bin,
+        agent_bin,
+        default_limits: Limits::default(),
+        ids,
+        registry: Registry::default(),
+        api_key,
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+pub async fn serve(o: ServeOptions) -> Result<(), String> {
+    let ctx = Arc::new(build_ctx(o)?);
+    let listener = tokio::net::TcpListener::bind(ctx.listen)
+        .await
+        .map_err(|e| format!("listen on {}: {e}", ctx.listen))?;
+    expiry::spawn(ctx.clone());
+    tracing::info!(
+        listen = %ctx.listen,
+        data_dir = %ctx.data_dir.display(),
+        cgroups = ?ctx.cgroups.as_ref().map(|l| matches!(l, Layout::V2{..}).then_some("v2").unwrap_or("v1")),
+        auth = ctx.api_key.is_some(),
+        "pvisor serving"
+    );
+    let app = api::router(ctx.clone());
+    // Small SSE frames and keep-alive clients: without TCP_NODELAY, Nagle
+    // meets the client's delayed ACK and a command waits ~40 ms per frame.
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())?;
+    for e in ctx.registry.list() {
+        if let Some(e) = ctx.registry.remove(&e.id) {
+            teardown(&e).await;
+        }
+    }
+    tracing::info!("pvisor stopped");
+    Ok(())
+}

@@ -1,0 +1,60 @@
+# Shared steps of scripts/up.sh and scripts/test.sh. Source it; do not run it.
+# Everything slow is cached outside the repository, under $PVISOR_CACHE.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export PVISOR_CACHE=${PVISOR_CACHE:-/var/cache/pvisor}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PVISOR_CACHE/target}
+DIST=$REPO/target/dist
+VENV=$PVISOR_CACHE/venv
+TEST_IMAGES=$PVISOR_CACHE/test-images
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+# Debian packages the build, the images and the tests need.
+ensure_packages() {
+    local want=(protobuf-compiler mmdebstrap busybox-static ca-certificates debian-archive-keyring python3 python3-venv python3-pip gcc libc6-dev)
+    local missing=()
+    for p in "${want[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+        log "installing ${missing[*]}"
+        [ "$(id -u)" = 0 ] || { echo "need root to apt-get install ${missing[*]}" >&2; exit 1; }
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    command -v cargo >/dev/null || { echo "cargo not found: install a Rust toolchain (rustup, stable)" >&2; exit 1; }
+}
+
+# Release binaries into target/dist; the agent is static so it runs in any image.
+build() {
+    log "building (cargo target dir: $CARGO_TARGET_DIR)"
+    mkdir -p "$CARGO_TARGET_DIR" "$DIST"
+    (cd "$REPO" && cargo build --release --locked -p pvisor -p pvisor-worker)
+    local triple
+    triple=$(rustc -vV | sed -n 's/^host: //p')
+    (cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p pvisor-agent --target "$triple")
+    install -m 0755 "$CARGO_TARGET_DIR/release/pvisor" "$CARGO_TARGET_DIR/release/pvisor-worker" "$DIST/"
+    install -m 0755 "$CARGO_TARGET_DIR/$triple/release/pvisor-agent" "$DIST/"
+}
+
+# The four test images (+ an OCI-layout variant), built from Debian packages.
+test_images() {
+    log "test images ($TEST_IMAGES)"
+    "$REPO/images/testdata/build-test-images.sh" "$TEST_IMAGES" >/dev/null
+}
+
+# A virtualenv with the official OpenSandbox SDK, keyed by the requirements.
+python_env() {
+    local req=$REPO/tests/e2e/requirements.txt
+    local key
+    key=$(sha256sum "$req" | cut -c1-16)
+    if [ ! -f "$VENV/.key-$key" ]; then
+        log "python environment ($VENV)"
+        rm -rf "$VENV"
+        python3 -m venv "$VENV"
+        "$VENV/bin/pip" install -q --disable-pip-version-check -r "$req"
+        touch "$VENV/.key-$key"
+    fi
+}

@@ -1,0 +1,76 @@
+//! pvisor's seccomp-BPF filters, kept as data in the style of Firecracker: every rule is an
+//! entry of a table ([`rules`]) with a one-line justification, compiled to BPF at run time with
+//! seccompiler (no build script, no JSON).
+//!
+//! Two filters:
+//!
+//! * the [sandbox filter](sandbox), installed by the sandbox's init right before it execs the
+//!   in-sandbox agent, so that it applies to every process in the sandbox;
+//! * the [worker filter](worker), installed by the per-sandbox worker on all its threads once
+//!   its sandbox runs.
+//!
+//! Both default to *allow* and refuse a deny list (mostly with `EPERM`, like Docker's default
+//! profile). `RULES.md` next to this crate's manifest is the generated table of both.
+//!
+//! ```no_run
+//! // In the sandbox's init, after setting up namespaces and mounts, before execve:
+//! let filter = pvisor_seccomp::sandbox_filter()?;
+//! pvisor_seccomp::apply_to_thread(&filter)?;
+//! # Ok::<(), pvisor_seccomp::Error>(())
+//! ```
+//!
+//! Linux only, x86_64 and aarch64.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
+
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+compile_error!("pvisor-seccomp supports Linux on x86_64 and aarch64 only");
+
+mod compile;
+mod error;
+mod rules;
+pub mod sandbox;
+pub mod worker;
+
+#[cfg(test)]
+mod tests;
+
+pub use compile::BPF_MAX_LEN;
+pub use error::Error;
+pub use rules::{
+    rules, rules_markdown, Action, FilterKind, Rule, When, ALLOWED_PERSONAS, CLONE_NAMESPACE_FLAGS,
+    UNSHARE_NAMESPACE_FLAGS,
+};
+pub use sandbox::sandbox_filter;
+pub use seccompiler::{sock_filter, BpfProgram};
+pub use worker::worker_filter;
+
+/// Compiles the filter of the given kind.
+pub fn filter(kind: FilterKind) -> Result<BpfProgram, Error> {
+    match kind {
+        FilterKind::Sandbox => sandbox_filter(),
+        FilterKind::Worker => worker_filter(),
+    }
+}
+
+/// Installs `prog` on the calling thread only, after setting `PR_SET_NO_NEW_PRIVS` on it
+/// (required to install a filter without `CAP_SYS_ADMIN`, and what stops a setuid binary from
+/// running with privileges the filter did not expect). The filter is inherited by threads and
+/// processes the thread creates afterwards and survives `execve`; it cannot be removed.
+pub fn apply_to_thread(prog: &BpfProgram) -> Result<(), Error> {
+    // seccompiler sets PR_SET_NO_NEW_PRIVS, then calls seccomp(SECCOMP_SET_MODE_FILTER, 0, ..).
+    seccompiler::apply_filter(prog).map_err(Error::from)
+}
+
+/// Installs `prog` on every thread of the process at once (`SECCOMP_FILTER_FLAG_TSYNC`),
+/// after setting `PR_SET_NO_NEW_PRIVS` on the calling thread; the kernel propagates
+/// `no_new_privs` to the other threads with the filter. Either every thread gets the filter or
+/// none does ([`Error::ThreadSync`]).
+pub fn apply_to_all_threads(prog: &BpfProgram) -> Result<(), Error> {
+    // seccompiler sets PR_SET_NO_NEW_PRIVS, then calls seccomp(.., SECCOMP_FILTER_FLAG_TSYNC, ..).
+    seccompiler::apply_filter_all_threads(prog).map_err(Error::from)
+}

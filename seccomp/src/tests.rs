@@ -1,0 +1,518 @@
+//! Tests of the data and of the compiled programs, without installing anything: a small
+//! classic-BPF interpreter runs the programs on synthetic `seccomp_data` and the result is
+//! compared with what the rule table says.
+
+use std::collections::BTreeSet;
+
+use seccompiler::sock_filter;
+
+use crate::compile::{
+    compile, BPF_JMP_JA, BPF_JMP_JEQ_K, BPF_JMP_JGE_K, BPF_LD_W_ABS, BPF_MAX_LEN, BPF_RET_K,
+};
+use crate::rules::{rules, rules_markdown, Action, FilterKind, Rule, When};
+use crate::{filter, Error};
+
+const BPF_JMP_JGT_K: u16 = 0x25;
+const BPF_JMP_JSET_K: u16 = 0x45;
+const BPF_ALU_AND_K: u16 = 0x54;
+
+#[cfg(target_arch = "x86_64")]
+const ARCH: u32 = crate::compile::AUDIT_ARCH_X86_64;
+#[cfg(target_arch = "aarch64")]
+const ARCH: u32 = 183 | 0x8000_0000 | 0x4000_0000;
+
+const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+
+fn errno_ret(errno: i32) -> u32 {
+    libc::SECCOMP_RET_ERRNO | errno as u32
+}
+
+/// Runs a seccomp BPF program the way the kernel does, on `struct seccomp_data`.
+fn run(prog: &[sock_filter], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
+    let mut data = [0u8; 64];
+    data[0..4].copy_from_slice(&nr.to_ne_bytes());
+    data[4..8].copy_from_slice(&arch.to_ne_bytes());
+    for (i, arg) in args.iter().enumerate() {
+        data[16 + 8 * i..24 + 8 * i].copy_from_slice(&arg.to_ne_bytes());
+    }
+    let mut acc: u32 = 0;
+    let mut pc = 0usize;
+    for _ in 0..=prog.len() {
+        let insn = &prog[pc];
+        pc += 1;
+        let k = insn.k;
+        let branch = |cond: bool| usize::from(if cond { insn.jt } else { insn.jf });
+        match insn.code {
+            BPF_LD_W_ABS => {
+                let off = k as usize;
+                assert!(
+                    off & 3 == 0 && off + 4 <= data.len(),
+                    "bad load offset {off}"
+                );
+                acc = u32::from_ne_bytes(data[off..off + 4].try_into().unwrap());
+            }
+            BPF_JMP_JA => pc += k as usize,
+            BPF_JMP_JEQ_K => pc += branch(acc == k),
+            BPF_JMP_JGE_K => pc += branch(acc >= k),
+            BPF_JMP_JGT_K => pc += branch(acc > k),
+            BPF_JMP_JSET_K => pc += branch(acc & k != 0),
+            BPF_ALU_AND_K => acc &= k,
+            BPF_RET_K => return k,
+            code => panic!("unexpected BPF opcode {code:#x} at {}", pc - 1),
+        }
+    }
+    panic!("program did not return (backward jump?)");
+}
+
+/// What the table says the filter returns.
+fn expected(rules: &[Rule], nr: u32, args: [u64; 6]) -> u32 {
+    for rule in rules.iter().filter(|r| r.sysno == i64::from(nr)) {
+        let Action::Errno(errno) = rule.action else {
+            continue;
+        };
+        let low = |arg: u8| u64::from(args[usize::from(arg)] as u32);
+        let hit = match rule.when {
+            When::Always => true,
+            When::ArgAnyBit { arg, mask } => low(arg) & mask != 0,
+            When::ArgIn { arg, values } => values.contains(&low(arg)),
+            When::ArgNotIn { arg, values } => !values.contains(&low(arg)),
+        };
+        if hit {
+            return errno_ret(errno);
+        }
+    }
+    ALLOW
+}
+
+/// Argument vectors worth trying for a syscall: around every value its rules mention, with
+/// high bits set to check that only the low 32 bits count, and with the other arguments at
+/// 0 or all ones.
+fn sample_args(rules: &[Rule], nr: u32) -> Vec<[u64; 6]> {
+    let mut samples = vec![[0; 6], [u64::MAX; 6], [1, 2, 3, 4, 5, 6]];
+    for rule in rules.iter().filter(|r| r.sysno == i64::from(nr)) {
+        let (arg, interesting): (u8, Vec<u64>) = match rule.when {
+            When::Always => continue,
+            When::ArgAnyBit { arg, mask } => {
+                let mut v: Vec<u64> = (0..32).map(|b| 1u64 << b).collect();
+                v.extend([0, mask, !mask & 0xffff_ffff, 0x11, 0x80]);
+                (arg, v)
+            }
+            When::ArgIn { arg, values } | When::ArgNotIn { arg, values } => {
+                let mut v = vec![0, 1, 0x7fff_ffff, 0xffff_ffff];
+                for x in values {
+                    v.extend([*x, x.wrapping_add(1), x.wrapping_sub(1)]);
+                }
+                (arg, v)
+            }
+        };
+        for value in interesting {
+            for high in [0u64, 1 << 32, 0xdead_beef << 32] {
+                for others in [0u64, u64::MAX] {
+                    let mut args = [others; 6];
+                    args[usize::from(arg)] = value | high;
+                    samples.push(args);
+                }
+            }
+        }
+    }
+    samples
+}
+
+fn all_sysnos(rules: &[Rule]) -> BTreeSet<u32> {
+    let mut set: BTreeSet<u32> = (0..1024).collect();
+    set.extend(rules.iter().map(|r| r.sysno as u32));
+    set
+}
+
+#[test]
+fn every_rule_has_a_one_line_justification() {
+    for kind in FilterKind::ALL {
+        for rule in rules(kind) {
+            let why = rule.justification.trim();
+            assert!(
+                !why.is_empty(),
+                "{kind}: {} has no justification",
+                rule.name
+            );
+            assert!(
+                !why.contains('\n'),
+                "{kind}: {} justification spans lines",
+                rule.name
+            );
+            assert!(
+                why.ends_with('.'),
+                "{kind}: {} justification is not a sentence",
+                rule.name
+            );
+            assert!(!rule.name.is_empty() && rule.sysno >= 0);
+        }
+    }
+}
+
+#[test]
+fn each_syscall_appears_once_per_filter() {
+    for kind in FilterKind::ALL {
+        let mut seen = BTreeSet::new();
+        for rule in rules(kind) {
+            assert!(
+                seen.insert(rule.sysno),
+                "{kind}: {} listed twice",
+                rule.name
+            );
+        }
+    }
+}
+
+#[test]
+fn both_filters_compile_within_the_kernel_limit() {
+    for kind in FilterKind::ALL {
+        let prog = filter(kind).unwrap();
+        assert!(
+            prog.len() > 100 && prog.len() <= BPF_MAX_LEN,
+            "{kind}: {}",
+            prog.len()
+        );
+    }
+}
+
+#[test]
+fn compiled_programs_do_what_the_tables_say() {
+    for kind in FilterKind::ALL {
+        let table = rules(kind);
+        let prog = filter(kind).unwrap();
+        let mut checked = 0usize;
+        for nr in all_sysnos(table) {
+            for args in sample_args(table, nr) {
+                assert_eq!(
+                    run(&prog, nr, ARCH, args),
+                    expected(table, nr, args),
+                    "{kind}: syscall {nr} with args {args:x?}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 1024, "{kind}: only {checked} cases");
+    }
+}
+
+#[test]
+fn foreign_architectures_are_killed() {
+    const AUDIT_ARCH_I386: u32 = 3 | 0x4000_0000;
+    for kind in FilterKind::ALL {
+        let prog = filter(kind).unwrap();
+        for nr in [0, 39, 165, 435] {
+            for arch in [AUDIT_ARCH_I386, 0, ARCH ^ 1] {
+                assert_eq!(
+                    run(&prog, nr, arch, [0; 6]),
+                    libc::SECCOMP_RET_KILL_PROCESS,
+                    "{kind}: arch {arch:#x} nr {nr}"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn x32_syscalls_are_refused() {
+    for kind in FilterKind::ALL {
+        let prog = filter(kind).unwrap();
+        for nr in [
+            0,
+            libc::SYS_getpid as u32,
+            libc::SYS_mount as u32,
+            512,
+            0x3fff_ffff,
+        ] {
+            let x32 = nr | crate::compile::X32_SYSCALL_BIT;
+            assert_eq!(
+                run(&prog, x32, ARCH, [0; 6]),
+                errno_ret(libc::EPERM),
+                "{kind}: {x32:#x}"
+            );
+        }
+        assert_eq!(run(&prog, libc::SYS_getpid as u32, ARCH, [0; 6]), ALLOW);
+    }
+}
+
+#[test]
+fn worker_refuses_everything_the_sandbox_refuses() {
+    let sandbox = filter(FilterKind::Sandbox).unwrap();
+    let worker = filter(FilterKind::Worker).unwrap();
+    let table = rules(FilterKind::Sandbox);
+    for nr in all_sysnos(table) {
+        for args in sample_args(table, nr) {
+            let s = run(&sandbox, nr, ARCH, args);
+            if s != ALLOW {
+                let w = run(&worker, nr, ARCH, args);
+                assert_ne!(
+                    w, ALLOW,
+                    "worker allows {nr} {args:x?} which the sandbox refuses"
+                );
+            }
+        }
+    }
+}
+
+fn action_of(kind: FilterKind, name: &str) -> Option<(Action, When)> {
+    rules(kind)
+        .iter()
+        .find(|r| r.name == name)
+        .map(|r| (r.action, r.when))
+}
+
+#[test]
+fn the_brief_is_covered() {
+    let eperm = Action::Errno(libc::EPERM);
+    #[rustfmt::skip]
+    let always_denied = [
+        "acct", "add_key", "bpf", "clock_adjtime", "clock_settime", "delete_module",
+        "finit_module", "init_module", "kcmp", "kexec_file_load", "kexec_load", "keyctl",
+        "lookup_dcookie", "mount", "mount_setattr", "move_mount", "open_tree", "fsopen",
+        "fsconfig", "fsmount", "fspick", "umount2", "pivot_root", "name_to_handle_at",
+        "open_by_handle_at", "nfsservctl", "perf_event_open", "quotactl", "quotactl_fd",
+        "reboot", "request_key", "setns", "settimeofday", "swapon", "swapoff", "userfaultfd",
+        "syslog", "io_uring_setup", "io_uring_enter", "io_uring_register",
+        #[cfg(target_arch = "x86_64")] "create_module",
+        #[cfg(target_arch = "x86_64")] "get_kernel_syms",
+        #[cfg(target_arch = "x86_64")] "ioperm",
+        #[cfg(target_arch = "x86_64")] "iopl",
+        #[cfg(target_arch = "x86_64")] "sysfs",
+        #[cfg(target_arch = "x86_64")] "_sysctl",
+        #[cfg(target_arch = "x86_64")] "uselib",
+        #[cfg(target_arch = "x86_64")] "ustat",
+    ];
+    for kind in FilterKind::ALL {
+        for name in always_denied {
+            assert_eq!(
+                action_of(kind, name),
+                Some((eperm, When::Always)),
+                "{kind}: {name}"
+            );
+        }
+        assert_eq!(
+            action_of(kind, "clone3"),
+            Some((Action::Errno(libc::ENOSYS), When::Always))
+        );
+        assert_eq!(
+            action_of(kind, "clone"),
+            Some((
+                eperm,
+                When::ArgAnyBit {
+                    arg: 0,
+                    mask: 0x7e02_0000
+                }
+            ))
+        );
+        assert_eq!(
+            action_of(kind, "personality"),
+            Some((
+                eperm,
+                When::ArgNotIn {
+                    arg: 0,
+                    values: &[0, 8, 0x20000, 0x20008, 0xffff_ffff]
+                }
+            ))
+        );
+    }
+    assert_eq!(
+        action_of(FilterKind::Sandbox, "unshare"),
+        Some((
+            eperm,
+            When::ArgAnyBit {
+                arg: 0,
+                mask: 0x7e02_0080
+            }
+        ))
+    );
+    for name in ["ptrace", "process_vm_readv", "process_vm_writev"] {
+        assert_eq!(
+            action_of(FilterKind::Sandbox, name),
+            Some((Action::Allow, When::Always))
+        );
+        assert_eq!(
+            action_of(FilterKind::Worker, name),
+            Some((eperm, When::Always))
+        );
+    }
+    for name in ["execve", "execveat", "unshare", "chroot"] {
+        assert_eq!(
+            action_of(FilterKind::Worker, name),
+            Some((eperm, When::Always)),
+            "{name}"
+        );
+        assert_ne!(
+            action_of(FilterKind::Sandbox, name),
+            Some((eperm, When::Always)),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        action_of(FilterKind::Worker, "socket"),
+        Some((
+            Action::Errno(libc::EAFNOSUPPORT),
+            When::ArgNotIn {
+                arg: 0,
+                values: &[libc::AF_UNIX as u64]
+            }
+        ))
+    );
+}
+
+#[test]
+fn inconsistent_tables_are_rejected() {
+    fn rule(sysno: i64, action: Action, when: When, justification: &'static str) -> Rule {
+        Rule {
+            name: "probe",
+            sysno,
+            action,
+            when,
+            justification,
+        }
+    }
+    let eperm = Action::Errno(libc::EPERM);
+    let bad: Vec<Vec<Rule>> = vec![
+        vec![rule(1, eperm, When::Always, " ")],
+        vec![
+            rule(1, eperm, When::Always, "x."),
+            rule(1, Action::Errno(libc::ENOSYS), When::Always, "x."),
+        ],
+        vec![rule(
+            1,
+            Action::Allow,
+            When::ArgIn {
+                arg: 0,
+                values: &[1],
+            },
+            "x.",
+        )],
+        vec![rule(1, Action::Errno(0), When::Always, "x.")],
+        vec![rule(
+            1,
+            eperm,
+            When::ArgIn {
+                arg: 0,
+                values: &[],
+            },
+            "x.",
+        )],
+        vec![rule(
+            1,
+            eperm,
+            When::ArgIn {
+                arg: 0,
+                values: &[1 << 32],
+            },
+            "x.",
+        )],
+        vec![rule(1, eperm, When::ArgAnyBit { arg: 0, mask: 0 }, "x.")],
+        vec![rule(
+            1,
+            eperm,
+            When::ArgIn {
+                arg: 6,
+                values: &[1],
+            },
+            "x.",
+        )],
+        vec![
+            rule(1, eperm, When::Always, "x."),
+            rule(
+                1,
+                eperm,
+                When::ArgIn {
+                    arg: 0,
+                    values: &[1],
+                },
+                "x.",
+            ),
+        ],
+    ];
+    for table in bad {
+        let err = compile(FilterKind::Sandbox, &table).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidRules { .. }),
+            "{table:?}: {err}"
+        );
+    }
+    // The same shapes, made consistent, compile.
+    let good = [
+        rule(
+            1,
+            eperm,
+            When::ArgIn {
+                arg: 0,
+                values: &[1],
+            },
+            "x.",
+        ),
+        rule(
+            1,
+            eperm,
+            When::ArgIn {
+                arg: 1,
+                values: &[2],
+            },
+            "x.",
+        ),
+        rule(2, Action::Allow, When::Always, "x."),
+    ];
+    let prog = compile(FilterKind::Sandbox, &good).unwrap();
+    assert_eq!(
+        run(&prog, 1, ARCH, [1, 0, 0, 0, 0, 0]),
+        errno_ret(libc::EPERM)
+    );
+    assert_eq!(
+        run(&prog, 1, ARCH, [0, 2, 0, 0, 0, 0]),
+        errno_ret(libc::EPERM)
+    );
+    assert_eq!(run(&prog, 1, ARCH, [0, 1, 0, 0, 0, 0]), ALLOW);
+    assert_eq!(run(&prog, 2, ARCH, [0; 6]), ALLOW);
+    // Nothing to deny: the program still checks the architecture and then allows.
+    let empty = compile(FilterKind::Sandbox, &[]).unwrap();
+    assert_eq!(run(&empty, 1, ARCH, [0; 6]), ALLOW);
+}
+
+#[test]
+fn empty_program_is_not_installed() {
+    let err = std::thread::spawn(|| crate::apply_to_thread(&Vec::new()))
+        .join()
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, Error::EmptyProgram), "{err}");
+}
+
+/// `seccomp/RULES.md` is generated from the tables; this keeps it in sync. Run with
+/// `PVISOR_SECCOMP_BLESS=1` to rewrite it.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn rules_md_matches_the_tables() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/RULES.md");
+    let want = rules_markdown();
+    if std::env::var_os("PVISOR_SECCOMP_BLESS").is_some() {
+        std::fs::write(path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(path).unwrap_or_default();
+    if have != want {
+        println!("----- expected {path} -----\n{want}----- end -----");
+        panic!(
+            "{path} is out of date with src/rules.rs; the expected content is printed above \
+             (or rerun with PVISOR_SECCOMP_BLESS=1 to rewrite it)"
+        );
+    }
+}
+
+#[test]
+fn markdown_lists_every_rule_of_both_filters() {
+    let md = rules_markdown();
+    for kind in FilterKind::ALL {
+        for rule in rules(kind) {
+            assert!(md.contains(rule.justification), "{kind}: {}", rule.name);
+        }
+    }
+    let rows = md.lines().filter(|l| l.starts_with("| `")).count();
+    assert_eq!(
+        rows,
+        rules(FilterKind::Sandbox).len() + rules(FilterKind::Worker).len()
+    );
+}

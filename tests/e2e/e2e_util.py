@@ -1,0 +1,150 @@
+"""Shared helpers for the pvisor end-to-end tests (imported by the test modules)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+from opensandbox.models.execd import Execution, RunCommandOpts, _format_output_messages
+from opensandbox.sync import SandboxSync
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Image tags the suite imports before starting the server (see conftest.py).
+BUSYBOX = "busybox:latest"
+BUSYBOX_OCI = "busybox-oci:latest"
+DEBIAN = "debian:bookworm-slim"
+PYTHON = "python:3.11-slim"
+TOOLS = "pvisor/python-tools:latest"
+
+# What every sandbox of the suite asks for unless a test says otherwise.
+SMALL = {"cpu": "1", "memory": "512Mi"}
+
+# Lists the command line of every process visible in the sandbox, one per line
+# (works with busybox and procps alike).
+PS = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
+
+EXECD_PORT = 44772
+EGRESS_PORT = 18080
+
+
+def stdout_text(ex: Execution) -> str:
+    """Stdout as the SDK renders it (lines joined with \\n, no trailing newline)."""
+    return _format_output_messages(ex.logs.stdout)
+
+
+def stderr_text(ex: Execution) -> str:
+    return _format_output_messages(ex.logs.stderr)
+
+
+def describe(ex: Execution, limit: int = 20) -> str:
+    """A compact description of an Execution for assertion messages."""
+    out = [m.text for m in ex.logs.stdout]
+    err = [m.text for m in ex.logs.stderr]
+
+    def clip(lines: list[str]) -> str:
+        if len(lines) <= limit:
+            return repr(lines)
+        return f"{lines[:limit]!r} ... ({len(lines)} events)"
+
+    error = None
+    if ex.error is not None:
+        error = f"{ex.error.name}: {ex.error.value} {ex.error.traceback}"
+    return (
+        f"id={ex.id} exit_code={ex.exit_code} complete={ex.complete is not None} "
+        f"error={error} stdout={clip(out)} stderr={clip(err)}"
+    )
+
+
+def run(sb: SandboxSync, command: str, **opts: Any) -> Execution:
+    """Runs a command through the SDK; keyword args become RunCommandOpts fields."""
+    if "timeout_ms" in opts:
+        opts["timeout"] = timedelta(milliseconds=opts.pop("timeout_ms"))
+    return sb.commands.run(command, opts=RunCommandOpts(**opts) if opts else None)
+
+
+def sh(sb: SandboxSync, command: str, **opts: Any) -> str:
+    """Runs a command that must succeed and returns its stdout text."""
+    ex = run(sb, command, **opts)
+    assert ex.exit_code == 0, f"command {command!r} failed: {describe(ex)}"
+    return stdout_text(ex)
+
+
+def wait_until(
+    pred: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition"
+) -> Any:
+    """Polls pred() until it returns a truthy value; returns that value."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            v = pred()
+            if v:
+                return v
+            last_exc = None
+        except Exception as e:  # noqa: BLE001 - reported on timeout
+            last_exc = e
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what}"
+                + (f" (last error: {last_exc!r})" if last_exc else "")
+            )
+        time.sleep(interval)
+
+
+def dataplane(sb: SandboxSync, port: int = EXECD_PORT) -> tuple[str, dict[str, str]]:
+    """Base URL and headers (the per-sandbox token) of a sandbox's endpoint."""
+    ep = sb.get_endpoint(port)
+    assert "://" not in ep.endpoint, f"endpoint must have no scheme: {ep.endpoint!r}"
+    return f"http://{ep.endpoint.rstrip('/')}", dict(ep.headers or {})
+
+
+def assert_error_json(resp: httpx.Response, status: int | tuple[int, ...] | None = None) -> dict:
+    """Asserts an error response with a JSON {code, message} body; returns the body."""
+    ctx = f"{resp.request.method} {resp.request.url} -> {resp.status_code} {resp.text[:500]!r}"
+    if isinstance(status, int):
+        assert resp.status_code == status, ctx
+    elif status is not None:
+        assert resp.status_code in status, ctx
+    else:
+        assert 400 <= resp.status_code < 500, ctx
+    try:
+        body = resp.json()
+    except ValueError:
+        raise AssertionError(f"error body is not JSON: {ctx}") from None
+    assert isinstance(body, dict), ctx
+    assert isinstance(body.get("code"), str) and body["code"], ctx
+    assert isinstance(body.get("message"), str), ctx
+    return body
+
+
+def find_nulls(obj: Any, path: str = "$") -> list[str]:
+    """JSON paths whose value is null (the SDK's parsers reject nulls in optional fields)."""
+    found: list[str] = []
+    if obj is None:
+        found.append(path)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            found.extend(find_nulls(v, f"{path}.{k}"))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            found.extend(find_nulls(v, f"{path}[{i}]"))
+    return found
+
+
+def list_all_ids(http: httpx.Client) -> set[str]:
+    """Ids of every sandbox the server knows (raw API, all pages)."""
+    ids: set[str] = set()
+    page = 1
+    while True:
+        r = http.get("/v1/sandboxes", params={"page": page, "pageSize": 200})
+        assert r.status_code == 200, f"list failed: {r.status_code} {r.text[:300]}"
+        body = r.json()
+        ids.update(item["id"] for item in body["items"])
+        if not body["pagination"]["hasNextPage"]:
+            return ids
+        page += 1

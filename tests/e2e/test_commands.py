@@ -1,0 +1,323 @@
+"""Data plane: commands (foreground SSE, background, timeout, uid/gid), sessions, metrics."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from opensandbox.exceptions import SandboxApiException, SandboxException
+
+from e2e_util import (
+    PS,
+    BUSYBOX,
+    DEBIAN,
+    dataplane,
+    describe,
+    run,
+    sh,
+    stderr_text,
+    stdout_text,
+    wait_until,
+)
+
+
+@pytest.fixture(scope="module")
+def bb(module_sandbox):
+    return module_sandbox(BUSYBOX)
+
+
+@pytest.fixture(scope="module")
+def deb(module_sandbox):
+    return module_sandbox(DEBIAN)
+
+
+# ------------------------------------------------------------------- foreground
+
+
+def test_stdout(bb):
+    ex = run(bb, "echo hello")
+    assert ex.exit_code == 0, describe(ex)
+    assert ex.id, "the init event must carry the execution id"
+    assert [m.text for m in ex.logs.stdout] == ["hello"], describe(ex)
+    assert ex.logs.stderr == []
+    assert ex.error is None and ex.complete is not None
+    assert ex.logs.stdout[0].timestamp > 1_600_000_000_000, "timestamps are unix milliseconds"
+
+
+def test_exit_code(bb):
+    ex = run(bb, "exit 3")
+    assert ex.exit_code == 3, describe(ex)
+    assert ex.error is not None and ex.error.value == "3", describe(ex)
+    ex = run(bb, "false")
+    assert ex.exit_code == 1, describe(ex)
+    ex = run(bb, "echo before; exit 42")
+    assert (ex.exit_code, stdout_text(ex)) == (42, "before"), describe(ex)
+
+
+def test_stderr(bb):
+    ex = run(bb, "echo out; echo oops >&2; echo err2 1>&2")
+    assert ex.exit_code == 0, describe(ex)
+    assert stdout_text(ex) == "out"
+    assert stderr_text(ex) == "oops\nerr2"
+    assert all(m.is_error for m in ex.logs.stderr)
+
+
+def test_unicode_and_blank_lines(bb):
+    ex = run(bb, "printf 'h\\303\\251llo \\342\\234\\223\\n\\nlast\\n'")
+    assert ex.exit_code == 0, describe(ex)
+    # One event per line; the SDK's text rendering drops empty events, so check events.
+    assert "\n".join(m.text.rstrip("\n") for m in ex.logs.stdout) == "héllo ✓\n\nlast", describe(ex)
+
+
+def test_no_trailing_newline(bb):
+    assert sh(bb, "printf abc") == "abc"
+
+
+def test_envs(bb):
+    ex = run(bb, 'echo "$FOO|$BAR"', envs={"FOO": "bar baz", "BAR": "x=y;z"})
+    assert ex.exit_code == 0, describe(ex)
+    assert stdout_text(ex) == "bar baz|x=y;z"
+    # envs do not leak into later commands
+    assert sh(bb, 'echo "[$FOO]"') == "[]"
+
+
+def test_cwd(bb):
+    assert sh(bb, "pwd", working_directory="/tmp") == "/tmp"
+    assert sh(bb, "mkdir -p /tmp/cwd-test/sub && echo ok") == "ok"
+    assert sh(bb, "pwd", working_directory="/tmp/cwd-test/sub") == "/tmp/cwd-test/sub"
+
+
+def test_cwd_missing_is_an_error(bb):
+    try:
+        ex = run(bb, "echo should-not-run", working_directory="/no/such/dir")
+    except SandboxApiException as e:
+        assert 400 <= e.status_code < 500, e
+        return
+    assert ex.exit_code != 0 and "should-not-run" not in stdout_text(ex), describe(ex)
+
+
+def test_2000_lines_in_order(bb):
+    ex = run(bb, "seq 1 2000")
+    assert ex.exit_code == 0, describe(ex)
+    lines = stdout_text(ex).split("\n")
+    assert len(lines) == 2000
+    assert lines == [str(i) for i in range(1, 2001)]
+
+
+def test_interleaved_stdout_stderr_counts(bb):
+    ex = run(bb, "i=0; while [ $i -lt 300 ]; do echo o$i; echo e$i >&2; i=$((i+1)); done")
+    assert ex.exit_code == 0, describe(ex)
+    assert stdout_text(ex).split("\n") == [f"o{i}" for i in range(300)]
+    assert stderr_text(ex).split("\n") == [f"e{i}" for i in range(300)]
+
+
+@pytest.mark.deadline(60)
+def test_1mib_single_line(bb):
+    ex = run(bb, "head -c 1048576 /dev/zero | tr '\\0' a")
+    assert ex.exit_code == 0, describe(ex, limit=2)
+    text = "".join(m.text for m in ex.logs.stdout)
+    assert len(text) == 1048576, f"got {len(text)} chars in {len(ex.logs.stdout)} events"
+    assert text == "a" * 1048576
+
+
+@pytest.mark.deadline(60)
+def test_1mib_multiline(bb):
+    line = "a" * 63
+    ex = run(bb, f"yes {line} | head -c 1048576")
+    assert ex.exit_code == 0, describe(ex, limit=2)
+    lines = stdout_text(ex).split("\n")
+    assert len(lines) == 16384
+    assert lines == [line] * 16384
+    assert sum(len(m.text) for m in ex.logs.stdout) + 16384 >= 1048576
+
+
+def test_command_timeout(bb):
+    t0 = time.monotonic()
+    ex = run(bb, "echo started; sleep 30; echo not-reached", timeout_ms=1000)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 10, f"timeout 1000 ms but the command took {elapsed:.1f}s"
+    assert "not-reached" not in stdout_text(ex)
+    assert ex.error is not None and ex.exit_code != 0, describe(ex)
+    ps = sh(bb, PS)
+    assert "sleep 30" not in ps, f"the timed-out command's process group must be killed:\n{ps}"
+
+
+def test_background_status_logs_interrupt(bb):
+    ex = run(bb, "echo bg-start; sleep 30; echo bg-end", background=True)
+    assert ex.id, describe(ex)
+    st = bb.commands.get_command_status(ex.id)
+    assert st.running is True, st
+    assert st.exit_code is None, st
+    logs = wait_until(lambda: (l := bb.commands.get_background_command_logs(ex.id)) and "bg-start" in l.content and l,
+                      5, what="background output in logs")
+    assert "bg-end" not in logs.content
+    bb.commands.interrupt(ex.id)
+    st = wait_until(lambda: (s := bb.commands.get_command_status(ex.id)) and s.running is False and s,
+                    5, what="interrupted command to stop")
+    assert st.exit_code != 0, st
+    assert "sleep 30" not in sh(bb, PS)
+
+
+def test_background_completes_with_exit_code(bb):
+    ex = run(bb, "echo done-1; echo done-2 >&2; exit 7", background=True)
+    st = wait_until(lambda: (s := bb.commands.get_command_status(ex.id)) and s.running is False and s,
+                    5, what="background command to finish")
+    assert st.exit_code == 7, st
+    assert st.started_at is not None and st.finished_at is not None
+    assert st.finished_at >= st.started_at
+    content = bb.commands.get_background_command_logs(ex.id).content
+    assert "done-1" in content and "done-2" in content, content
+
+
+def test_background_logs_cursor(bb):
+    ex = run(bb, "seq 1 5; sleep 30", background=True)
+    try:
+        logs = wait_until(lambda: (l := bb.commands.get_background_command_logs(ex.id)) and "5" in l.content.split() and l,
+                          5, what="5 lines of background output")
+        assert logs.content.split() == ["1", "2", "3", "4", "5"]
+        assert logs.cursor is not None, "EXECD-COMMANDS-TAIL-CURSOR header missing"
+        again = bb.commands.get_background_command_logs(ex.id, cursor=logs.cursor)
+        assert again.content == "", f"cursor {logs.cursor} should skip what was read: {again.content!r}"
+    finally:
+        bb.commands.interrupt(ex.id)
+
+
+def test_background_env_and_cwd(bb):
+    ex = run(bb, 'echo "$BGV $(pwd)"', background=True, envs={"BGV": "v1"}, working_directory="/tmp")
+    wait_until(lambda: bb.commands.get_command_status(ex.id).running is False, 5)
+    assert bb.commands.get_background_command_logs(ex.id).content.strip() == "v1 /tmp"
+
+
+def test_status_of_unknown_command_is_404(bb):
+    with pytest.raises(SandboxApiException) as ei:
+        bb.commands.get_command_status("no-such-command-id")
+    assert ei.value.status_code == 404
+
+
+def test_concurrent_commands(bb):
+    def one(i):
+        ex = run(bb, f"sleep 0.2; echo n{i}")
+        return ex.exit_code, stdout_text(ex)
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(one, range(8)))
+    assert results == [(0, f"n{i}") for i in range(8)]
+    assert time.monotonic() - t0 < 5, "commands of one sandbox must run concurrently"
+
+
+def test_uid_gid(deb):
+    ex = run(deb, "id -u; id -g; id -un; touch /tmp/owned-by-app; stat -c %u:%g /tmp/owned-by-app",
+             uid=1000, gid=1000)
+    assert ex.exit_code == 0, describe(ex)
+    assert stdout_text(ex).split("\n") == ["1000", "1000", "app", "1000:1000"]
+    assert sh(deb, "id -u") == "0", "default user is root"
+
+
+def test_uid_only(deb):
+    assert sh(deb, "id -u", uid=1000) == "1000"
+
+
+def test_uid_cannot_write_root_files(deb):
+    ex = run(deb, "echo x > /etc/e2e-forbidden", uid=1000, gid=1000)
+    assert ex.exit_code != 0, describe(ex)
+    assert sh(deb, "test -e /etc/e2e-forbidden && echo yes || echo no") == "no"
+
+
+# ------------------------------------------------------------------- sessions
+
+
+def _drop_session(sb, sid):
+    """Best-effort cleanup; deletion itself is checked by test_session_delete."""
+    try:
+        sb.commands.delete_session(sid)
+    except SandboxException:
+        pass
+
+
+def test_session_state_persists(deb):
+    sid = deb.commands.create_session(working_directory="/tmp")
+    try:
+        assert stdout_text(deb.commands.run_in_session(sid, "pwd")) == "/tmp"
+        ex = deb.commands.run_in_session(sid, "cd /etc && export E2E_SESSION_VAR=persisted")
+        assert ex.exit_code == 0, describe(ex)
+        ex = deb.commands.run_in_session(sid, 'pwd; echo "$E2E_SESSION_VAR"')
+        assert stdout_text(ex) == "/etc\npersisted", describe(ex)
+        ex = deb.commands.run_in_session(sid, "false")
+        assert ex.exit_code == 1, describe(ex)
+        ex = deb.commands.run_in_session(sid, "echo still-alive >&2")
+        assert ex.exit_code == 0 and stderr_text(ex) == "still-alive", describe(ex)
+        ex = deb.commands.run_in_session(sid, "pwd", working_directory="/usr")
+        assert stdout_text(ex) == "/usr", describe(ex)
+    finally:
+        _drop_session(deb, sid)
+
+
+def test_sessions_are_independent(deb):
+    a = deb.commands.create_session()
+    b = deb.commands.create_session()
+    try:
+        deb.commands.run_in_session(a, "export E2E_ONLY_A=1; cd /var")
+        ex = deb.commands.run_in_session(b, 'echo "[$E2E_ONLY_A] $(pwd)"')
+        assert stdout_text(ex) != "[1] /var" and stdout_text(ex).startswith("[] "), describe(ex)
+    finally:
+        _drop_session(deb, a)
+        _drop_session(deb, b)
+
+
+def test_session_delete(deb):
+    sid = deb.commands.create_session()
+    deb.commands.run_in_session(sid, "true")
+    deb.commands.delete_session(sid)
+    with pytest.raises(SandboxApiException) as ei:
+        deb.commands.run_in_session(sid, "echo gone")
+    assert ei.value.status_code == 404
+
+
+def test_session_multiline_output(deb):
+    sid = deb.commands.create_session()
+    try:
+        ex = deb.commands.run_in_session(sid, "seq 1 500")
+        assert stdout_text(ex).split("\n") == [str(i) for i in range(1, 501)]
+    finally:
+        _drop_session(deb, sid)
+
+
+# ------------------------------------------------------------------- metrics
+
+
+def test_metrics_sdk(bb):
+    m = bb.get_metrics()
+    assert m.cpu_count > 0
+    assert 0 <= m.cpu_used_percentage <= 100 * max(m.cpu_count, 1)
+    assert m.memory_total_in_mib > 0
+    assert 0 <= m.memory_used_in_mib <= m.memory_total_in_mib
+    assert abs(m.timestamp - time.time() * 1000) < 60_000, m.timestamp
+
+
+def test_metrics_raw(bb):
+    url, headers = dataplane(bb)
+    r = httpx.get(f"{url}/metrics", headers=headers, timeout=10)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    for field in ("cpu_count", "cpu_used_pct", "mem_total_mib", "mem_used_mib", "timestamp"):
+        assert isinstance(body.get(field), (int, float)), f"{field} in {body}"
+    assert isinstance(body["timestamp"], int)
+
+
+def test_ping_raw(bb):
+    url, headers = dataplane(bb)
+    r = httpx.get(f"{url}/ping", headers=headers, timeout=10)
+    assert 200 <= r.status_code < 300, r.text
+
+
+def test_command_stream_raw_content_type(bb):
+    url, headers = dataplane(bb)
+    with httpx.stream("POST", f"{url}/command", json={"command": "echo raw"}, headers=headers,
+                      timeout=httpx.Timeout(10, read=30)) as r:
+        assert r.status_code == 200
+        assert "text/event-stream" in r.headers.get("content-type", ""), r.headers
+        body = r.read().decode()
+    assert '"raw"' in body and '"init"' in body and '"timestamp"' in body, body

@@ -1,0 +1,67 @@
+"""The `pvisor serve` process itself: where its data directory may live.
+
+A data dir must either work or be refused at startup with a message naming it;
+it must not start fine and then fail every sandbox create."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from opensandbox.sync import SandboxSync
+
+from conftest import PvisorServer, _make_conn, import_images, pvisor_bin
+from e2e_util import BUSYBOX, SMALL, sh
+
+
+def _serve_and_create(data_dir: Path, log_path: Path) -> None:
+    binary = pvisor_bin()
+    if not binary.is_file():
+        pytest.fail(f"pvisor binary {binary} not found (set PVISOR_BIN)", pytrace=False)
+    import_images(binary, data_dir, ["busybox.tar"])
+    srv = PvisorServer(f"pvisor-{data_dir.parent.name}", binary, data_dir, log_path, {})
+    why = srv.start(must_succeed=False)
+    try:
+        if why:
+            log = srv.log_tail(30)
+            assert str(data_dir) in log, f"server refused to start ({why}) without naming the data dir:\n{log}"
+            return
+        sb = SandboxSync.create(BUSYBOX, connection_config=_make_conn(srv.addr), resource=dict(SMALL))
+        try:
+            assert sh(sb, "echo ok") == "ok"
+        finally:
+            sb.kill()
+            sb.close()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.deadline(120)
+def test_data_dir_under_private_parent(tmp_path):
+    """`mktemp -d` makes 0700 directories; a data dir inside one (short path)."""
+    parent = Path(tempfile.mkdtemp(prefix="pve-"))  # 0700
+    try:
+        data_dir = parent / "data"
+        data_dir.mkdir(mode=0o700)
+        _serve_and_create(data_dir, tmp_path / "server.log")
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.mark.deadline(120)
+def test_data_dir_with_long_path(tmp_path):
+    """A deep but ordinary data dir path (world-traversable, ~110 characters)."""
+    parent = Path(tempfile.mkdtemp(prefix="pve-long-"))
+    parent.chmod(0o755)
+    try:
+        data_dir = parent / ("projects/" + "x" * 40 + "/pvisor-state/data")
+        data_dir.mkdir(parents=True)
+        for p in [data_dir, *data_dir.parents]:
+            if p == parent.parent:
+                break
+            p.chmod(0o755)
+        _serve_and_create(data_dir, tmp_path / "server.log")
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)

@@ -1,0 +1,22 @@
+//! The worker's gRPC client connection to its sandbox's agent.
+use crate::backend::Sandbox;
+use crate::error::{Result, WorkerError};
+use hyper_util::rt::TokioIo;
+use std::sync::Arc;
+use tonic::transport::{Channel, Endpoint};
+
+/// Connects a channel to the agent through the backend's stream.
+pub async fn connect(sandbox: Arc<dyn Sandbox>) -> Result<Channel> {
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let sandbox = sandbox.clone();
+        async move {
+            let std = sandbox.connect_agent().map_err(std::io::Error::other)?;
+            std.set_nonblocking(true)?;
+            Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::from_std(std)?))
+        }
+    });
+    Endpoint::from_static("http://agent")
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| WorkerError::Agent(e.to_string()))
+}

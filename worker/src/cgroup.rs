@@ -1,0 +1,474 @@
+//! Sandbox cgroups on cgroup v1 (these hosts) and v2 (modern hosts).
+//!
+//! A sandbox group is created *beneath the broker's own group* in every
+//! hierarchy used. It carries the limits and has two leaves: `worker` (the
+//! worker process) and `sandbox` (everything inside the sandbox), so the
+//! sandbox can be frozen without freezing its worker while the limits still
+//! cover both.
+use crate::config::Limits;
+use crate::error::{Result, WorkerError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub const WORKER_LEAF: &str = "worker";
+pub const SANDBOX_LEAF: &str = "sandbox";
+/// v1 controllers pvisor uses.
+const V1_CONTROLLERS: [&str; 5] = ["memory", "cpu", "cpuacct", "pids", "freezer"];
+
+fn write(path: &Path, value: &str) -> Result<()> {
+    fs::write(path, value).map_err(|source| WorkerError::Cgroup {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn read(path: &Path) -> Option<String> {
+    fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+/// Where the calling process sits, per hierarchy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Unified hierarchy: the process's own group directory.
+    V2 { base: PathBuf },
+    /// Legacy hierarchies: controller → the process's own group directory.
+    V1 { bases: BTreeMap<String, PathBuf> },
+}
+
+struct Mount {
+    root: String,
+    point: PathBuf,
+    fstype: String,
+    opts: String,
+}
+
+fn mounts() -> Vec<Mount> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let f: Vec<&str> = pre.split(' ').collect();
+            let g: Vec<&str> = post.split(' ').collect();
+            Some(Mount {
+                root: f.get(3)?.to_string(),
+                point: PathBuf::from(f.get(4)?),
+                fstype: g.first()?.to_string(),
+                opts: g.get(2).unwrap_or(&"").to_string(),
+            })
+        })
+        .collect()
+}
+
+fn join_rel(point: &Path, mount_root: &str, own: &str) -> PathBuf {
+    let rel = own
+        .strip_prefix(mount_root)
+        .unwrap_or(own)
+        .trim_start_matches('/');
+    if rel.is_empty() {
+        point.to_path_buf()
+    } else {
+        point.join(rel)
+    }
+}
+
+impl Layout {
+    /// Finds the hierarchies of the calling process. Prefers v2 when its
+    /// memory controller is available, else v1's memory hierarchy.
+    pub fn detect() -> Result<Layout> {
+        let own = fs::read_to_string("/proc/self/cgroup")
+            .map_err(|e| WorkerError::NoCgroup(e.to_string()))?;
+        let mut v2_path = None;
+        let mut v1_paths: BTreeMap<String, String> = BTreeMap::new();
+        for line in own.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (_, ctrls, path) = (
+                parts.next(),
+                parts.next().unwrap_or(""),
+                parts.next().unwrap_or(""),
+            );
+            if ctrls.is_empty() {
+                v2_path = Some(path.to_string());
+            } else {
+                for c in ctrls.split(',') {
+                    v1_paths.insert(c.to_string(), path.to_string());
+                }
+            }
+        }
+        let ms = mounts();
+        if let Some(p) = &v2_path {
+            for m in ms.iter().filter(|m| m.fstype == "cgroup2") {
+                let base = join_rel(&m.point, &m.root, p);
+                let ctrls = read(&m.point.join("cgroup.controllers")).unwrap_or_default();
+                if ctrls.split_whitespace().any(|c| c == "memory") && base.is_dir() {
+                    return Ok(Layout::V2 { base });
+                }
+            }
+        }
+        let mut bases = BTreeMap::new();
+        for m in ms.iter().filter(|m| m.fstype == "cgroup") {
+            for c in V1_CONTROLLERS {
+                if m.opts.split(',').any(|o| o == c) {
+                    if let Some(p) = v1_paths.get(c) {
+                        bases.insert(c.to_string(), join_rel(&m.point, &m.root, p));
+                    }
+                }
+            }
+        }
+        if bases.contains_key("memory") {
+            return Ok(Layout::V1 { bases });
+        }
+        Err(WorkerError::NoCgroup(
+            "neither a cgroup v2 memory controller nor a v1 memory hierarchy".into(),
+        ))
+    }
+
+    /// Creates the sandbox group `name` with `limits` and its two leaves.
+    pub fn create_group(&self, name: &str, limits: &Limits) -> Result<GroupPaths> {
+        match self {
+            Layout::V2 { base } => {
+                enable_v2_controllers(base)?;
+                let dir = base.join(name);
+                mkdir(&dir)?;
+                let g = GroupPaths {
+                    v2: Some(dir.clone()),
+                    v1: BTreeMap::new(),
+                };
+                let quota = limits.cpu_millis * 100;
+                write(&dir.join("cpu.max"), &format!("{quota} 100000"))?;
+                write(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
+                let _ = write(&dir.join("memory.swap.max"), "0");
+                write(&dir.join("pids.max"), &limits.pids.to_string())?;
+                for leaf in [WORKER_LEAF, SANDBOX_LEAF] {
+                    mkdir(&dir.join(leaf))?;
+                }
+                Ok(g)
+            }
+            Layout::V1 { bases } => {
+                let mut g = GroupPaths {
+                    v2: None,
+                    v1: BTreeMap::new(),
+                };
+                for (c, base) in bases {
+                    let dir = base.join(name);
+                    mkdir(&dir)?;
+                    g.v1.insert(c.clone(), dir);
+                }
+                let set = |c: &str, file: &str, v: String| -> Result<()> {
+                    match g.v1.get(c) {
+                        Some(dir) => write(&dir.join(file), &v),
+                        None => Ok(()),
+                    }
+                };
+                set(
+                    "memory",
+                    "memory.limit_in_bytes",
+                    limits.memory_bytes.to_string(),
+                )?;
+                let _ = set(
+                    "memory",
+                    "memory.memsw.limit_in_bytes",
+                    limits.memory_bytes.to_string(),
+                );
+                set("cpu", "cpu.cfs_period_us", "100000".into())?;
+                set(
+                    "cpu",
+                    "cpu.cfs_quota_us",
+                    (limits.cpu_millis * 100).to_string(),
+                )?;
+                set("pids", "pids.max", limits.pids.to_string())?;
+                for dir in g.dirs() {
+                    for leaf in [WORKER_LEAF, SANDBOX_LEAF] {
+                        mkdir(&dir.join(leaf))?;
+                    }
+                }
+                Ok(g)
+            }
+        }
+    }
+}
+
+fn mkdir(dir: &Path) -> Result<()> {
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(source) => Err(WorkerError::Cgroup {
+            path: dir.display().to_string(),
+            source,
+        }),
+    }
+}
+
+/// v2's "no internal processes" rule: controllers can only be handed to
+/// children of a group without processes. If the broker's own group has
+/// processes, the broker moves itself into a `pvisor-broker` child first.
+fn enable_v2_controllers(base: &Path) -> Result<()> {
+    let want = ["cpu", "memory", "pids"];
+    let have = read(&base.join("cgroup.subtree_control")).unwrap_or_default();
+    if want
+        .iter()
+        .all(|c| have.split_whitespace().any(|h| h == *c))
+    {
+        return Ok(());
+    }
+    let enable = want
+        .iter()
+        .map(|c| format!("+{c}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    if write(&base.join("cgroup.subtree_control"), &enable).is_ok() {
+        return Ok(());
+    }
+    let own = base.join("pvisor-broker");
+    mkdir(&own)?;
+    for pid in read(&base.join("cgroup.procs")).unwrap_or_default().lines() {
+        let _ = write(&own.join("cgroup.procs"), pid);
+    }
+    write(&base.join("cgroup.subtree_control"), &enable)
+}
+
+/// The directories of one sandbox group, per hierarchy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupPaths {
+    pub v2: Option<PathBuf>,
+    pub v1: BTreeMap<String, PathBuf>,
+}
+
+impl GroupPaths {
+    /// Distinct group directories (co-mounted v1 controllers share one).
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        let mut d: Vec<PathBuf> = self
+            .v2
+            .iter()
+            .cloned()
+            .chain(self.v1.values().cloned())
+            .collect();
+        d.sort();
+        d.dedup();
+        d
+    }
+
+    /// Moves process `pid` into `leaf` in every hierarchy.
+    pub fn join(&self, leaf: &str, pid: i32) -> Result<()> {
+        for dir in self.dirs() {
+            write(&dir.join(leaf).join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Freezes or thaws `leaf` and waits until the kernel reports it done.
+    pub fn freeze(&self, leaf: &str, frozen: bool) -> Result<()> {
+        let (file, value, done) = match (&self.v2, self.v1.get("freezer")) {
+            (Some(d), _) => (
+                d.join(leaf).join("cgroup.freeze"),
+                if frozen { "1" } else { "0" },
+                None,
+            ),
+            (None, Some(d)) => {
+                let v = if frozen { "FROZEN" } else { "THAWED" };
+                (d.join(leaf).join("freezer.state"), v, Some(v))
+            }
+            (None, None) => return Err(WorkerError::NoCgroup("no freezer".into())),
+        };
+        write(&file, value)?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let ok = match done {
+                Some(v) => read(&file).as_deref() == Some(v),
+                None => {
+                    let events = read(&file.with_file_name("cgroup.events")).unwrap_or_default();
+                    events.lines().any(|l| l == format!("frozen {value}"))
+                }
+            };
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(WorkerError::Cgroup {
+                    path: file.display().to_string(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "freezer did not settle",
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Charged memory of the whole group, in bytes.
+    pub fn memory_usage(&self) -> Option<u64> {
+        match (&self.v2, self.v1.get("memory")) {
+            (Some(d), _) => read(&d.join("memory.current"))?.parse().ok(),
+            (None, Some(d)) => read(&d.join("memory.usage_in_bytes"))?.parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// Peak charged memory of the whole group, in bytes.
+    pub fn memory_peak(&self) -> Option<u64> {
+        match (&self.v2, self.v1.get("memory")) {
+            (Some(d), _) => read(&d.join("memory.peak"))?.parse().ok(),
+            (None, Some(d)) => read(&d.join("memory.max_usage_in_bytes"))?.parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// CPU time used by the whole group, in microseconds.
+    pub fn cpu_usage_us(&self) -> Option<u64> {
+        match (&self.v2, self.v1.get("cpuacct")) {
+            (Some(d), _) => read(&d.join("cpu.stat"))?
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec ").and_then(|v| v.parse().ok())),
+            (None, Some(d)) => read(&d.join("cpuacct.usage"))?
+                .parse::<u64>()
+                .ok()
+                .map(|ns| ns / 1000),
+            _ => None,
+        }
+    }
+
+    /// Every pid in the group (leaves included).
+    pub fn pids(&self) -> Vec<i32> {
+        let mut out = Vec::new();
+        for dir in self.dirs() {
+            for sub in [dir.clone(), dir.join(WORKER_LEAF), dir.join(SANDBOX_LEAF)] {
+                for l in read(&sub.join("cgroup.procs")).unwrap_or_default().lines() {
+                    if let Ok(p) = l.parse() {
+                        out.push(p);
+                    }
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Kills every process in the group and removes its directories.
+    pub fn destroy(&self) -> Result<()> {
+        if let Some(d) = &self.v2 {
+            let _ = write(&d.join("cgroup.kill"), "1");
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() {
+                break;
+            }
+            if self.v1.contains_key("freezer") {
+                let _ = self.freeze(SANDBOX_LEAF, false);
+            }
+            for p in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            if Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut last = Ok(());
+        for dir in self.dirs() {
+            for sub in [dir.join(WORKER_LEAF), dir.join(SANDBOX_LEAF), dir.clone()] {
+                if sub.exists() {
+                    if let Err(source) = rmdir_retry(&sub) {
+                        last = Err(WorkerError::Cgroup {
+                            path: sub.display().to_string(),
+                            source,
+                        });
+                    }
+                }
+            }
+        }
+        last
+    }
+}
+
+fn rmdir_retry(p: &Path) -> std::io::Result<()> {
+    let mut tries = 0;
+    loop {
+        match fs::remove_dir(p) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_join_under_mount_point() {
+        assert_eq!(
+            join_rel(Path::new("/sys/fs/cgroup/memory"), "/", "/a/b"),
+            PathBuf::from("/sys/fs/cgroup/memory/a/b")
+        );
+        assert_eq!(
+            join_rel(Path::new("/sys/fs/cgroup"), "/a", "/a/b"),
+            PathBuf::from("/sys/fs/cgroup/b")
+        );
+        assert_eq!(
+            join_rel(Path::new("/sys/fs/cgroup"), "/", "/"),
+            PathBuf::from("/sys/fs/cgroup")
+        );
+    }
+
+    /// Runs where a cgroup hierarchy is writable (as root on these hosts).
+    #[test]
+    fn group_limits_leaves_and_destroy() {
+        let Ok(layout) = Layout::detect() else {
+            eprintln!("skipped: no cgroup hierarchy");
+            return;
+        };
+        let limits = Limits {
+            cpu_millis: 500,
+            memory_bytes: 64 << 20,
+            pids: 77,
+        };
+        let name = format!("pvisor-test-{}", std::process::id());
+        let g = match layout.create_group(&name, &limits) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("skipped: cannot create cgroups here: {e}");
+                return;
+            }
+        };
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        g.join(SANDBOX_LEAF, child.id() as i32).unwrap();
+        assert_eq!(g.pids(), vec![child.id() as i32]);
+        match &g.v2 {
+            Some(d) => assert_eq!(read(&d.join("pids.max")).unwrap(), "77"),
+            None => {
+                assert_eq!(read(&g.v1["pids"].join("pids.max")).unwrap(), "77");
+                assert_eq!(
+                    read(&g.v1["memory"].join("memory.limit_in_bytes")).unwrap(),
+                    (64u64 << 20).to_string()
+                );
+                assert_eq!(
+                    read(&g.v1["cpu"].join("cpu.cfs_quota_us")).unwrap(),
+                    "50000"
+                );
+            }
+        }
+        assert!(g.memory_usage().is_some());
+        g.freeze(SANDBOX_LEAF, true).unwrap();
+        g.freeze(SANDBOX_LEAF, false).unwrap();
+        g.destroy().unwrap();
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "the sleeper must have been killed");
+        assert!(g.dirs().iter().all(|d| !d.exists()));
+    }
+}

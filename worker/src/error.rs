@@ -1,0 +1,29 @@
+//! Errors of the worker.
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("cgroup {path}: {source}")]
+    Cgroup { path: String, source: io::Error },
+    #[error("no usable cgroup hierarchy: {0}")]
+    NoCgroup(String),
+    #[error("sandbox start failed: {0}")]
+    Start(String),
+    #[error("{what}: {source}")]
+    Sys { what: String, source: io::Error },
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+    #[error("agent: {0}")]
+    Agent(String),
+}
+
+impl WorkerError {
+    pub fn sys(what: impl Into<String>, source: impl Into<io::Error>) -> Self {
+        WorkerError::Sys {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, WorkerError>;

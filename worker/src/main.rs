@@ -1,0 +1,157 @@
+//! pvisor-worker: `pvisor-worker --config JSON`, spawned by the broker.
+use pvisor_proto::agent::agent_client::AgentClient;
+use pvisor_proto::worker::worker_server::WorkerServer;
+use pvisor_proto::worker::ReadyReply;
+use pvisor_worker::backend::{self, Sandbox};
+use pvisor_worker::cgroup::WORKER_LEAF;
+use pvisor_worker::config::WorkerConfig;
+use pvisor_worker::forward::AgentForward;
+use pvisor_worker::service::{Readiness, WorkerService};
+use pvisor_worker::{agent_link, SHUTTING_DOWN};
+use std::os::fd::{FromRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("pvisor-worker: {msg}");
+    std::process::exit(2);
+}
+
+fn set_cloexec(fd: RawFd) {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    if let Err(e) = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)) {
+        fail(format!("fd {fd}: {e}"));
+    }
+}
+
+fn parse_config() -> WorkerConfig {
+    let mut args = std::env::args().skip(1);
+    match (args.next().as_deref(), args.next()) {
+        (Some("--config"), Some(json)) => {
+            serde_json::from_str(&json).unwrap_or_else(|e| fail(format!("bad config: {e}")))
+        }
+        _ => fail("usage: pvisor-worker --config JSON"),
+    }
+}
+
+/// Exits the worker when the broker's end of the lifeline closes.
+fn watch_lifeline(fd: RawFd, sandbox: Option<Arc<dyn Sandbox>>) {
+    std::thread::spawn(move || {
+        let mut b = [0u8; 1];
+        // SAFETY: read(2) into a local buffer on an fd the broker handed us.
+        while unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) } > 0 {}
+        if let Some(s) = sandbox {
+            s.kill();
+        }
+        std::process::exit(0);
+    });
+}
+
+/// Exits the worker when the sandbox's init ends (a crash unless shutting down).
+fn watch_sandbox(sandbox: Arc<dyn Sandbox>) {
+    std::thread::spawn(move || {
+        let status = sandbox.wait();
+        if SHUTTING_DOWN.load(Ordering::SeqCst) {
+            std::process::exit(0);
+        }
+        eprintln!("pvisor-worker: sandbox init {status}");
+        std::process::exit(10);
+    });
+}
+
+fn main() {
+    let t0 = Instant::now();
+    let cfg = parse_config();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    set_cloexec(cfg.listen_fd);
+    set_cloexec(cfg.lifeline_fd);
+    if let Some(g) = &cfg.cgroup {
+        if let Err(e) = g.join(WORKER_LEAF, std::process::id() as i32) {
+            fail(e);
+        }
+    }
+    let t_cgroup = t0.elapsed();
+    // Start the sandbox while this process is still single-threaded.
+    let started = backend::for_kind(cfg.backend).and_then(|b| b.start(&cfg));
+    let t_started = t0.elapsed();
+    let (sandbox, initial) = match started {
+        Ok(s) => (Some(Arc::<dyn Sandbox>::from(s)), Readiness::Starting),
+        Err(e) => {
+            tracing::error!(sandbox = %cfg.sandbox_id, "{e}");
+            (None, Readiness::Failed(e.to_string()))
+        }
+    };
+    match pvisor_seccomp::worker_filter().and_then(|f| pvisor_seccomp::apply_to_thread(&f)) {
+        Ok(()) => {}
+        Err(e) => fail(format!("seccomp: {e}")),
+    }
+    tracing::debug!(cgroup = ?t_cgroup, started = ?t_started, seccomp = ?t0.elapsed(), "worker start-up");
+    watch_lifeline(cfg.lifeline_fd, sandbox.clone());
+    if let Some(sb) = &sandbox {
+        watch_sandbox(sb.clone());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(e));
+    rt.block_on(async move {
+        let (ready_tx, ready_rx) = watch::channel(initial);
+        // SAFETY: the broker passed a listening Unix socket at this fd number,
+        // owned by nobody else in this process.
+        let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(cfg.listen_fd) };
+        listener.set_nonblocking(true).unwrap_or_else(|e| fail(e));
+        let listener = tokio::net::UnixListener::from_std(listener).unwrap_or_else(|e| fail(e));
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pvisor_proto::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .unwrap_or_else(|e| fail(e));
+        let svc = WorkerService::new(sandbox.clone(), ready_rx, cfg.cgroup.clone(), cfg.limits);
+        let mut router = tonic::transport::Server::builder()
+            .add_service(WorkerServer::new(svc))
+            .add_service(reflection);
+        if let Some(sb) = sandbox.clone() {
+            match agent_link::connect(sb.clone()).await {
+                Ok(channel) => {
+                    router = router.add_service(AgentForward::new(channel.clone()));
+                    let mut client = AgentClient::new(channel);
+                    tokio::spawn(async move {
+                        let r = tokio::time::timeout(
+                            Duration::from_secs(20),
+                            client.ping(pvisor_proto::agent::Empty {}),
+                        )
+                        .await;
+                        let state = match r {
+                            Ok(Ok(p)) => Readiness::Ready(ReadyReply {
+                                backend: sb.backend().into(),
+                                agent_pid: sb.init_pid() as u32,
+                                agent_version: p.into_inner().version,
+                                boot_us: t0.elapsed().as_micros() as u64,
+                            }),
+                            Ok(Err(e)) => Readiness::Failed(format!("agent ping: {}", e.message())),
+                            Err(_) => {
+                                Readiness::Failed("the agent did not answer within 20 s".into())
+                            }
+                        };
+                        let _ = ready_tx.send(state);
+                    });
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Readiness::Failed(e.to_string()));
+                }
+            }
+        }
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        if let Err(e) = router.serve_with_incoming(incoming).await {
+            fail(e);
+        }
+    });
+}

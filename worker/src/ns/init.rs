@@ -1,0 +1,133 @@
+//! The child side of the ns backend: from `clone` to `exec` of the agent.
+//!
+//! Runs in the cloned child of a still single-threaded worker. Any failure is
+//! written to the error pipe (the worker reports it) and the child exits.
+use super::mounts::{self, RootfsSpec};
+use super::net;
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+use nix::unistd::{sethostname, Gid, Uid};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+/// Capabilities the sandbox keeps (Docker's default set); all others leave
+/// the bounding set before the agent runs.
+const KEEP_CAPS: [caps::Capability; 14] = {
+    use caps::Capability::*;
+    [
+        CAP_CHOWN,
+        CAP_DAC_OVERRIDE,
+        CAP_FOWNER,
+        CAP_FSETID,
+        CAP_KILL,
+        CAP_SETGID,
+        CAP_SETUID,
+        CAP_SETPCAP,
+        CAP_NET_BIND_SERVICE,
+        CAP_NET_RAW,
+        CAP_SYS_CHROOT,
+        CAP_MKNOD,
+        CAP_AUDIT_WRITE,
+        CAP_SETFCAP,
+    ]
+};
+
+/// The agent's fd number for its control connection.
+pub const AGENT_FD: RawFd = 3;
+
+pub struct InitArgs {
+    pub go: OwnedFd,
+    pub err: OwnedFd,
+    pub agent_sock: OwnedFd,
+    pub agent_exe: OwnedFd,
+    pub lower: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub hostname: String,
+    pub argv: Vec<CString>,
+    pub env: Vec<CString>,
+}
+
+/// Entry point of the cloned child; returns only on failure.
+pub fn child_main(a: &InitArgs) -> isize {
+    let msg = match run(a) {
+        Ok(never) => match never {},
+        Err(m) => m,
+    };
+    let _ = nix::unistd::write(&a.err, msg.as_bytes());
+    1
+}
+
+fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
+    // Die with the worker, whatever happens to it.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| format!("pdeathsig: {e}"))?;
+    // Open the layers while still holding the worker's host identity (the
+    // sandbox's root may not be able to traverse the data directory's
+    // parents) and already inside the new mount namespace (overlayfs only
+    // takes layers from the caller's own namespace). Mounted below through
+    // their /proc/self/fd links.
+    let open_dir = |p: &PathBuf| -> Result<OwnedFd, String> {
+        nix::fcntl::open(
+            p,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        // SAFETY: open(2) just returned this fd; nothing else owns it.
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .map_err(|e| format!("open {}: {e}", p.display()))
+    };
+    let layers = [open_dir(&a.lower)?, open_dir(&a.upper)?, open_dir(&a.work)?];
+    let mut b = [0u8; 1];
+    match nix::unistd::read(a.go.as_raw_fd(), &mut b) {
+        Ok(1) => {}
+        _ => return Err("worker did not release the sandbox".into()),
+    }
+    // Now mapped: become root of the user namespace.
+    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))
+        .map_err(|e| format!("setresgid: {e}"))?;
+    let _ = nix::unistd::setgroups(&[]);
+    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
+        .map_err(|e| format!("setresuid: {e}"))?;
+    // The worker has moved us into the sandbox leaf: root the cgroup namespace there.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+        .map_err(|e| format!("cgroup namespace: {e}"))?;
+    let fd_path = |fd: &OwnedFd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    let (lower, upper, work) = (
+        fd_path(&layers[0]),
+        fd_path(&layers[1]),
+        fd_path(&layers[2]),
+    );
+    mounts::setup(&RootfsSpec {
+        lower: &lower,
+        upper: &upper,
+        work: &work,
+        hostname: &a.hostname,
+    })?;
+    sethostname(&a.hostname).map_err(|e| format!("sethostname: {e}"))?;
+    net::loopback_up().map_err(|e| format!("loopback: {e}"))?;
+    nix::unistd::dup2(a.agent_sock.as_raw_fd(), AGENT_FD).map_err(|e| format!("dup2: {e}"))?;
+    drop_capabilities()?;
+    let filter = pvisor_seccomp::sandbox_filter().map_err(|e| format!("seccomp: {e}"))?;
+    pvisor_seccomp::apply_to_thread(&filter).map_err(|e| format!("seccomp: {e}"))?;
+    nix::unistd::fexecve(a.agent_exe.as_raw_fd(), &a.argv, &a.env)
+        .map_err(|e| format!("exec agent: {e}"))?;
+    unreachable!("fexecve returned without error")
+}
+
+fn drop_capabilities() -> Result<(), String> {
+    use caps::{CapSet, CapsHashSet};
+    let keep: CapsHashSet = KEEP_CAPS.into_iter().collect();
+    for cap in caps::all() {
+        if !keep.contains(&cap) {
+            caps::drop(None, CapSet::Bounding, cap).map_err(|e| format!("drop {cap}: {e}"))?;
+        }
+    }
+    for set in [CapSet::Effective, CapSet::Permitted, CapSet::Inheritable] {
+        let cur = caps::read(None, set).map_err(|e| format!("read caps: {e}"))?;
+        caps::set(None, set, &cur.intersection(&keep).cloned().collect())
+            .map_err(|e| format!("set caps: {e}"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! The worker side of starting an ns sandbox.
+use super::init::{self, InitArgs, AGENT_FD};
+use crate::cgroup::SANDBOX_LEAF;
+use crate::config::{IdMap, WorkerConfig};
+use crate::error::{Result, WorkerError};
+use nix::fcntl::OFlag;
+use nix::sched::CloneFlags;
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use std::ffi::CString;
+use std::fs;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+const STACK_SIZE: usize = 512 * 1024;
+
+fn cstr(s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| WorkerError::Start(format!("argument contains NUL: {s:?}")))
+}
+
+fn mkdir_owned(p: &Path, ids: &IdMap) -> Result<()> {
+    fs::create_dir_all(p).map_err(|e| WorkerError::sys(format!("mkdir {}", p.display()), e))?;
+    if ids.count > 1 {
+        std::os::unix::fs::chown(p, Some(ids.uid_base), Some(ids.gid_base))
+            .map_err(|e| WorkerError::sys(format!("chown {}", p.display()), e))?;
+    }
+    Ok(())
+}
+
+fn write_id_maps(pid: i32, ids: &IdMap) -> Result<()> {
+    let proc_file = |f: &str| format!("/proc/{pid}/{f}");
+    if ids.count == 1 {
+        // Unprivileged: setgroups must be denied before an unprivileged gid_map.
+        fs::write(proc_file("setgroups"), "deny")
+            .map_err(|e| WorkerError::sys("setgroups deny", e))?;
+    }
+    fs::write(
+        proc_file("uid_map"),
+        format!("0 {} {}\n", ids.uid_base, ids.count),
+    )
+    .map_err(|e| WorkerError::sys("uid_map", e))?;
+    fs::write(
+        proc_file("gid_map"),
+        format!("0 {} {}\n", ids.gid_base, ids.count),
+    )
+    .map_err(|e| WorkerError::sys("gid_map", e))?;
+    Ok(())
+}
+
+/// Clones the sandbox init and waits until it has exec'd the agent.
+/// Returns the init's host pid and the worker's end of the agent connection.
+pub fn start(cfg: &WorkerConfig) -> Result<(i32, UnixStream)> {
+    let upper = cfg.state_dir.join("upper");
+    let work = cfg.state_dir.join("work");
+    for d in [&upper, &work] {
+        mkdir_owned(d, &cfg.ids)?;
+    }
+
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| WorkerError::sys("socketpair", e))?;
+    let (go_rd, go_wr) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| WorkerError::sys("pipe", e))?;
+    let (err_rd, err_wr) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| WorkerError::sys("pipe", e))?;
+    let agent_exe: OwnedFd = fs::File::open(&cfg.agent_path)
+        .map_err(|e| WorkerError::sys(format!("open agent {}", cfg.agent_path.display()), e))?
+        .into();
+    let config =
+        serde_json::to_string(&cfg.agent_config).map_err(|e| WorkerError::Start(e.to_string()))?;
+    let args = InitArgs {
+        go: go_rd,
+        err: err_wr,
+        agent_sock: theirs,
+        agent_exe,
+        lower: cfg.image_root.clone(),
+        upper,
+        work,
+        hostname: cfg.hostname.clone(),
+        argv: vec![
+            cstr("pvisor-agent")?,
+            cstr("--fd")?,
+            cstr(&AGENT_FD.to_string())?,
+        ],
+        // Not on the command line (world-readable); the agent is non-dumpable,
+        // so its environment is not readable from inside the sandbox.
+        env: vec![
+            cstr("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")?,
+            cstr(&format!("PVISOR_AGENT_CONFIG={config}"))?,
+        ],
+    };
+    let flags = CloneFlags::CLONE_NEWUSER
+        | CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS;
+    let mut stack = vec![0u8; STACK_SIZE];
+    // SAFETY: the worker is single-threaded here (no runtime or helper thread
+    // has been started), so the child's copy of the address space is
+    // consistent; the child only runs `child_main`, which execs or exits.
+    let pid = unsafe {
+        nix::sched::clone(
+            Box::new(|| init::child_main(&args)),
+            &mut stack,
+            flags,
+            Some(libc::SIGCHLD),
+        )
+    }
+    .map_err(|e| WorkerError::sys("clone", e))?;
+    let InitArgs {
+        go,
+        err,
+        agent_sock,
+        ..
+    } = args;
+    drop((go, err, agent_sock));
+    let pid = pid.as_raw();
+    let t = std::time::Instant::now();
+    let release = || -> Result<()> {
+        write_id_maps(pid, &cfg.ids)?;
+        if let Some(g) = &cfg.cgroup {
+            g.join(SANDBOX_LEAF, pid)?;
+        }
+        // Protect the agent from the OOM killer; its children reset to 0.
+        let _ = fs::write(format!("/proc/{pid}/oom_score_adj"), "-999");
+        nix::unistd::write(&go_wr, b"1").map_err(|e| WorkerError::sys("release sandbox", e))?;
+        Ok(())
+    };
+    if let Err(e) = release() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        return Err(e);
+    }
+    drop(go_wr);
+    tracing::debug!(release = ?t.elapsed(), "sandbox init released");
+    // The error pipe is close-on-exec: EOF without data means the agent runs.
+    let mut msg = Vec::new();
+    let mut buf = [0u8; 512];
+    while let Ok(n) = nix::unistd::read(err_rd.as_raw_fd(), &mut buf) {
+        if n == 0 {
+            break;
+        }
+        msg.extend_from_slice(&buf[..n]);
+    }
+    if !msg.is_empty() {
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        return Err(WorkerError::Start(
+            String::from_utf8_lossy(&msg).into_owned(),
+        ));
+    }
+    tracing::debug!(exec = ?t.elapsed(), "agent exec'd");
+    Ok((pid, UnixStream::from(ours)))
+}

@@ -1,0 +1,118 @@
+//! The `pvisor.worker.v1.Worker` gRPC service.
+use crate::backend::Sandbox;
+use crate::cgroup::GroupPaths;
+use crate::config::Limits;
+use pvisor_proto::worker::worker_server::Worker;
+use pvisor_proto::worker::{Empty, MetricsReply, ReadyReply};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+/// Where the sandbox is on its way up.
+#[derive(Clone, Debug)]
+pub enum Readiness {
+    Starting,
+    Ready(ReadyReply),
+    Failed(String),
+}
+
+pub struct WorkerService {
+    pub sandbox: Option<Arc<dyn Sandbox>>,
+    pub ready: watch::Receiver<Readiness>,
+    pub cgroup: Option<GroupPaths>,
+    pub limits: Limits,
+    cpu_sample: Mutex<(Instant, u64)>,
+}
+
+impl WorkerService {
+    pub fn new(
+        sandbox: Option<Arc<dyn Sandbox>>,
+        ready: watch::Receiver<Readiness>,
+        cgroup: Option<GroupPaths>,
+        limits: Limits,
+    ) -> Self {
+        let used = cgroup.as_ref().and_then(|g| g.cpu_usage_us()).unwrap_or(0);
+        WorkerService {
+            sandbox,
+            ready,
+            cgroup,
+            limits,
+            cpu_sample: Mutex::new((Instant::now(), used)),
+        }
+    }
+
+    fn sandbox(&self) -> Result<Arc<dyn Sandbox>, Status> {
+        self.sandbox
+            .clone()
+            .ok_or_else(|| Status::failed_precondition("the sandbox did not start"))
+    }
+}
+
+fn blocking_status(
+    r: Result<crate::error::Result<()>, tokio::task::JoinError>,
+) -> Result<Response<Empty>, Status> {
+    match r {
+        Ok(Ok(())) => Ok(Response::new(Empty {})),
+        Ok(Err(e)) => Err(Status::internal(e.to_string())),
+        Err(e) => Err(Status::internal(e.to_string())),
+    }
+}
+
+#[tonic::async_trait]
+impl Worker for WorkerService {
+    async fn ready(&self, _: Request<Empty>) -> Result<Response<ReadyReply>, Status> {
+        let mut rx = self.ready.clone();
+        let state = rx
+            .wait_for(|s| !matches!(s, Readiness::Starting))
+            .await
+            .map_err(|_| Status::unavailable("worker is shutting down"))?
+            .clone();
+        match state {
+            Readiness::Ready(r) => Ok(Response::new(r)),
+            Readiness::Failed(m) => Err(Status::failed_precondition(m)),
+            Readiness::Starting => unreachable!("waited for a final state"),
+        }
+    }
+
+    async fn metrics(&self, _: Request<Empty>) -> Result<Response<MetricsReply>, Status> {
+        let g = self.cgroup.as_ref();
+        let used = g.and_then(|g| g.cpu_usage_us()).unwrap_or(0);
+        let cpu_count = self.limits.cpu_millis as f64 / 1000.0;
+        let pct = {
+            let mut s = self.cpu_sample.lock().unwrap_or_else(|e| e.into_inner());
+            let wall = s.0.elapsed().as_micros().max(1) as f64;
+            let pct = (used.saturating_sub(s.1) as f64 / wall) * 100.0 / cpu_count.max(0.001);
+            *s = (Instant::now(), used);
+            pct.clamp(0.0, 100.0)
+        };
+        Ok(Response::new(MetricsReply {
+            cpu_count,
+            cpu_used_pct: pct,
+            mem_total_bytes: self.limits.memory_bytes,
+            mem_used_bytes: g.and_then(|g| g.memory_usage()).unwrap_or(0),
+        }))
+    }
+
+    async fn pause(&self, _: Request<Empty>) -> Result<Response<Empty>, Status> {
+        let sb = self.sandbox()?;
+        blocking_status(tokio::task::spawn_blocking(move || sb.pause()).await)
+    }
+
+    async fn resume(&self, _: Request<Empty>) -> Result<Response<Empty>, Status> {
+        let sb = self.sandbox()?;
+        blocking_status(tokio::task::spawn_blocking(move || sb.resume()).await)
+    }
+
+    async fn shutdown(&self, _: Request<Empty>) -> Result<Response<Empty>, Status> {
+        crate::SHUTTING_DOWN.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(sb) = &self.sandbox {
+            sb.kill();
+        }
+        tokio::spawn(async {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            std::process::exit(0);
+        });
+        Ok(Response::new(Empty {}))
+    }
+}
