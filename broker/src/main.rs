@@ -44,6 +44,9 @@ enum Cmd {
         /// Start even where no cgroup can be created (sandboxes get no limits).
         #[arg(long)]
         allow_no_cgroups: bool,
+        /// Workers started ahead of demand, so a create does not wait for one.
+        #[arg(long, default_value_t = 2)]
+        warm_workers: usize,
     },
     /// Manage images.
     Image {
@@ -103,6 +106,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             worker_bin,
             agent_bin,
             allow_no_cgroups,
+            warm_workers,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -111,6 +115,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 worker_bin,
                 agent_bin,
                 allow_no_cgroups,
+                warm_workers,
             })
             .await?;
         }

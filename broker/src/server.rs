@@ -1,5 +1,6 @@
 //! `pvisor serve`: the broker daemon.
 use crate::api;
+use crate::sandbox::pool::Pool;
 use crate::sandbox::{expiry, teardown::teardown, Registry};
 use pvisor_images::ImageStore;
 use pvisor_worker::cgroup::{GroupPaths, Layout};
@@ -22,6 +23,9 @@ pub struct Ctx {
     pub ids: IdMap,
     pub registry: Registry,
     pub api_key: Option<String>,
+    pub pool: Pool,
+    /// Prefix of this broker's cgroup names (see [`cgroup_prefix`]).
+    pub cgroup_prefix: String,
 }
 
 pub struct ServeOptions {
@@ -30,6 +34,8 @@ pub struct ServeOptions {
     pub worker_bin: Option<PathBuf>,
     pub agent_bin: Option<PathBuf>,
     pub allow_no_cgroups: bool,
+    /// Warm workers kept ready for creates.
+    pub warm_workers: usize,
 }
 
 /// `/var/lib/pvisor` for root, else the user's data directory.
@@ -90,8 +96,24 @@ fn clean_dir(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Removes sandbox cgroups a previous broker left behind.
-fn clean_stale_cgroups(layout: &Layout) {
+/// The cgroup name prefix of the broker serving `data_dir`: several brokers
+/// (different data dirs) can share a host and its cgroup hierarchies, and
+/// each must only ever clean up its own groups.
+fn cgroup_prefix(data_dir: &Path) -> String {
+    let abs = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    // FNV-1a: stable across runs and releases, unlike std's hasher.
+    let h = abs
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf29ce484222325u64, |h, b| {
+            (h ^ *b as u64).wrapping_mul(0x100000001b3)
+        });
+    format!("pvisor-{:08x}-", h as u32)
+}
+
+/// Removes sandbox cgroups a previous broker of the same data dir left behind.
+fn clean_stale_cgroups(layout: &Layout, prefix: &str) {
     let bases: Vec<(Option<String>, PathBuf)> = match layout {
         Layout::V2 { base } => vec![(None, base.clone())],
         Layout::V1 { bases } => bases
@@ -103,7 +125,7 @@ fn clean_stale_cgroups(layout: &Layout) {
     for (ctrl, base) in bases {
         for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if !name.starts_with("pvisor-") || name == "pvisor-broker" || !e.path().is_dir() {
+            if !name.starts_with(prefix) || !e.path().is_dir() {
                 continue;
             }
             let g = stale.entry(name).or_default();
@@ -137,9 +159,10 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
     clean_dir(&sandboxes_dir)?;
     let images =
         ImageStore::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
+    let cgroup_prefix = cgroup_prefix(&o.data_dir);
     let cgroups = match Layout::detect() {
         Ok(l) => {
-            clean_stale_cgroups(&l);
+            clean_stale_cgroups(&l, &cgroup_prefix);
             Some(l)
         }
         Err(e) if o.allow_no_cgroups => {
@@ -195,6 +218,8 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         ids,
         registry: Registry::default(),
         api_key,
+        pool: Pool::new(o.warm_workers),
+        cgroup_prefix,
     })
 }
 
@@ -213,6 +238,7 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
         .await
         .map_err(|e| format!("listen on {}: {e}", ctx.listen))?;
     expiry::spawn(ctx.clone());
+    Pool::refill(ctx.clone());
     tracing::info!(
         listen = %ctx.listen,
         data_dir = %ctx.data_dir.display(),
@@ -238,6 +264,29 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
             teardown(&e).await;
         }
     }
+    ctx.pool.drain();
     tracing::info!("pvisor stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_prefixes_differ_per_data_dir_and_are_stable() {
+        let a = cgroup_prefix(Path::new("/nonexistent/a"));
+        assert_eq!(a, cgroup_prefix(Path::new("/nonexistent/a")));
+        assert_ne!(a, cgroup_prefix(Path::new("/nonexistent/b")));
+        assert!(a.starts_with("pvisor-") && a.ends_with('-') && a.len() == "pvisor-".len() + 9);
+    }
+
+    #[test]
+    fn static_elf_detection() {
+        assert!(
+            !is_static_elf(Path::new("/bin/sh")).unwrap(),
+            "/bin/sh is dynamically linked"
+        );
+        assert!(is_static_elf(Path::new("/etc/passwd")).is_err());
+    }
 }

@@ -133,7 +133,8 @@ class PvisorServer:
             env = {k: v for k, v in os.environ.items() if k != "PVISOR_API_KEY"}
             env.update({"RUST_BACKTRACE": "1", **self.env})
             self.proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT, env=env
+                cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,  # no stray group signals either way (e.g. Ctrl-C)
             )
             ok, last_err = self._wait_healthy()
             if ok:

@@ -321,3 +321,16 @@ def test_command_stream_raw_content_type(bb):
         assert "text/event-stream" in r.headers.get("content-type", ""), r.headers
         body = r.read().decode()
     assert '"raw"' in body and '"init"' in body and '"timestamp"' in body, body
+
+
+def test_client_disconnect_mid_command(sandbox):
+    """A client that drops a foreground /command stream (Ctrl-C) must not hurt the sandbox."""
+    sb = sandbox(BUSYBOX)
+    url, headers = dataplane(sb)
+    with httpx.stream("POST", f"{url}/command", json={"command": "echo started; sleep 5"},
+                      headers={**headers, "Accept": "text/event-stream"}, timeout=30) as r:
+        assert r.status_code == 200
+        next(r.iter_bytes())
+    time.sleep(0.5)
+    assert sh(sb, "echo still-ok") == "still-ok"
+    assert sb.get_info().status.state == "Running"

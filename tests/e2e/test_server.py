@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from opensandbox.sync import SandboxSync
 
-from conftest import PvisorServer, _make_conn, import_images, pvisor_bin
-from e2e_util import BUSYBOX, SMALL, sh
+from conftest import PvisorServer, _make_conn, import_images, make_data_dir, pvisor_bin
+from e2e_util import BUSYBOX, PS, SMALL, run, sh
 
 
 def _serve_and_create(data_dir: Path, log_path: Path) -> None:
@@ -65,3 +65,31 @@ def test_data_dir_with_long_path(tmp_path):
         _serve_and_create(data_dir, tmp_path / "server.log")
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.mark.deadline(120)
+def test_second_instance_leaves_the_first_alone(sandbox, pvisor_server, base_url, tmp_path):
+    """Two `pvisor serve` instances (different data dirs) on one host must not touch
+    each other's sandboxes or cgroups, at startup or at shutdown."""
+    sb = sandbox(BUSYBOX)
+    bg = run(sb, "sleep 7777", background=True)
+    data_dir = make_data_dir("pvisor-second")
+    binary = pvisor_bin()
+    import_images(binary, data_dir, ["busybox.tar"])
+    second = PvisorServer("pvisor-second", binary, data_dir, tmp_path / "server.log", {})
+    second.start()
+    try:
+        other = SandboxSync.create(BUSYBOX, connection_config=_make_conn(second.addr), resource=dict(SMALL))
+        try:
+            assert sh(other, "echo second-ok") == "second-ok"
+        finally:
+            other.kill()
+            other.close()
+        assert sh(sb, "echo first-still-ok") == "first-still-ok", "starting a second instance broke a sandbox"
+        assert sb.commands.get_command_status(bg.id).running is True
+    finally:
+        second.stop()
+    assert sh(sb, "echo after-second-stopped") == "after-second-stopped"
+    assert "sleep 7777" in sh(sb, PS)
+    fresh = sandbox(BUSYBOX)
+    assert sh(fresh, "echo new-ok") == "new-ok"

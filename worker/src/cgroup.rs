@@ -1,10 +1,12 @@
 //! Sandbox cgroups on cgroup v1 (these hosts) and v2 (modern hosts).
 //!
 //! A sandbox group is created *beneath the broker's own group* in every
-//! hierarchy used. It carries the limits and has two leaves: `worker` (the
-//! worker process) and `sandbox` (everything inside the sandbox), so the
-//! sandbox can be frozen without freezing its worker while the limits still
-//! cover both.
+//! hierarchy used. It carries the limits and has two leaves, `worker` and
+//! `sandbox`. A worker starts in `sandbox` everywhere, so the sandbox's init
+//! inherits its place at clone time without a (slow) cgroup migration; the
+//! worker then moves itself to `worker` where freezing needs the two apart
+//! (v1's freezer hierarchy, v2's single one). The sandbox can then be frozen
+//! without freezing its worker, and the limits cover both.
 use crate::config::Limits;
 use crate::error::{Result, WorkerError};
 use serde::{Deserialize, Serialize};
@@ -127,66 +129,30 @@ impl Layout {
 
     /// Creates the sandbox group `name` with `limits` and its two leaves.
     pub fn create_group(&self, name: &str, limits: &Limits) -> Result<GroupPaths> {
-        match self {
+        let g = match self {
             Layout::V2 { base } => {
                 enable_v2_controllers(base)?;
-                let dir = base.join(name);
-                mkdir(&dir)?;
-                let g = GroupPaths {
-                    v2: Some(dir.clone()),
+                GroupPaths {
+                    v2: Some(base.join(name)),
                     v1: BTreeMap::new(),
-                };
-                let quota = limits.cpu_millis * 100;
-                write(&dir.join("cpu.max"), &format!("{quota} 100000"))?;
-                write(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
-                let _ = write(&dir.join("memory.swap.max"), "0");
-                write(&dir.join("pids.max"), &limits.pids.to_string())?;
-                for leaf in [WORKER_LEAF, SANDBOX_LEAF] {
-                    mkdir(&dir.join(leaf))?;
                 }
-                Ok(g)
             }
-            Layout::V1 { bases } => {
-                let mut g = GroupPaths {
-                    v2: None,
-                    v1: BTreeMap::new(),
-                };
-                for (c, base) in bases {
-                    let dir = base.join(name);
-                    mkdir(&dir)?;
-                    g.v1.insert(c.clone(), dir);
-                }
-                let set = |c: &str, file: &str, v: String| -> Result<()> {
-                    match g.v1.get(c) {
-                        Some(dir) => write(&dir.join(file), &v),
-                        None => Ok(()),
-                    }
-                };
-                set(
-                    "memory",
-                    "memory.limit_in_bytes",
-                    limits.memory_bytes.to_string(),
-                )?;
-                let _ = set(
-                    "memory",
-                    "memory.memsw.limit_in_bytes",
-                    limits.memory_bytes.to_string(),
-                );
-                set("cpu", "cpu.cfs_period_us", "100000".into())?;
-                set(
-                    "cpu",
-                    "cpu.cfs_quota_us",
-                    (limits.cpu_millis * 100).to_string(),
-                )?;
-                set("pids", "pids.max", limits.pids.to_string())?;
-                for dir in g.dirs() {
-                    for leaf in [WORKER_LEAF, SANDBOX_LEAF] {
-                        mkdir(&dir.join(leaf))?;
-                    }
-                }
-                Ok(g)
+            Layout::V1 { bases } => GroupPaths {
+                v2: None,
+                v1: bases
+                    .iter()
+                    .map(|(c, b)| (c.clone(), b.join(name)))
+                    .collect(),
+            },
+        };
+        for dir in g.dirs() {
+            mkdir(&dir)?;
+            for leaf in [WORKER_LEAF, SANDBOX_LEAF] {
+                mkdir(&dir.join(leaf))?;
             }
         }
+        g.set_limits(limits)?;
+        Ok(g)
     }
 }
 
@@ -248,6 +214,43 @@ impl GroupPaths {
         d.sort();
         d.dedup();
         d
+    }
+
+    /// Applies `limits` to the whole group (both leaves).
+    pub fn set_limits(&self, limits: &Limits) -> Result<()> {
+        let quota = limits.cpu_millis * 100;
+        if let Some(d) = &self.v2 {
+            write(&d.join("cpu.max"), &format!("{quota} 100000"))?;
+            write(&d.join("memory.max"), &limits.memory_bytes.to_string())?;
+            let _ = write(&d.join("memory.swap.max"), "0");
+            return write(&d.join("pids.max"), &limits.pids.to_string());
+        }
+        let set = |c: &str, file: &str, v: String| -> Result<()> {
+            match self.v1.get(c) {
+                Some(dir) => write(&dir.join(file), &v),
+                None => Ok(()),
+            }
+        };
+        // memsw must stay >= memory: lower memory first when shrinking, raise
+        // memsw first when growing (swap is off on our hosts; memsw may not exist).
+        let mem = limits.memory_bytes.to_string();
+        let _ = set("memory", "memory.memsw.limit_in_bytes", mem.clone());
+        set("memory", "memory.limit_in_bytes", mem.clone())?;
+        let _ = set("memory", "memory.memsw.limit_in_bytes", mem);
+        set("cpu", "cpu.cfs_period_us", "100000".into())?;
+        set("cpu", "cpu.cfs_quota_us", quota.to_string())?;
+        set("pids", "pids.max", limits.pids.to_string())
+    }
+
+    /// Moves `pid` into `leaf` only where it matters for freezing: the
+    /// freezer hierarchy on v1, the unified hierarchy on v2. (Limits sit on
+    /// the group, so for them either leaf is the same.)
+    pub fn join_freeze_scope(&self, leaf: &str, pid: i32) -> Result<()> {
+        let dir = match (&self.v2, self.v1.get("freezer")) {
+            (Some(d), _) | (None, Some(d)) => d,
+            (None, None) => return Ok(()),
+        };
+        write(&dir.join(leaf).join("cgroup.procs"), &pid.to_string())
     }
 
     /// Moves process `pid` into `leaf` in every hierarchy.

@@ -1,45 +1,68 @@
-//! How a worker process is started (used by the broker and by tests): the
-//! listening socket becomes fd 3 and the lifeline pipe fd 4 of the worker.
+//! How a worker process is started (used by the broker and by tests).
+//!
+//! A worker is spawned *before* its sandbox is known: it joins its cgroup
+//! (given on the command line) and then blocks, still single-threaded, on
+//! reading its [`WorkerConfig`] from [`CONFIG_FD`]. The broker keeps a few
+//! such warm workers so that creating a sandbox does not pay for process
+//! start-up and cgroup migration. Closing the config pipe without writing
+//! makes a waiting worker exit.
+use crate::cgroup::GroupPaths;
 use crate::config::WorkerConfig;
-use std::os::fd::RawFd;
+use std::io::Write;
+use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 pub const LISTEN_FD: RawFd = 3;
 pub const LIFELINE_FD: RawFd = 4;
+pub const CONFIG_FD: RawFd = 5;
 
-/// A command that runs `worker_bin` for `cfg`, with `listen` and `lifeline`
-/// (fds of the calling process, which must stay open until spawn returns)
-/// moved to [`LISTEN_FD`] and [`LIFELINE_FD`], and output going to `log`.
+/// A command that runs `worker_bin` in `cgroup`, with `listen`, `lifeline`
+/// and `config` (fds of the calling process, which must stay open until spawn
+/// returns) moved to [`LISTEN_FD`], [`LIFELINE_FD`] and [`CONFIG_FD`], and
+/// its output going to `log`.
 pub fn command(
     worker_bin: &Path,
-    cfg: &WorkerConfig,
-    listen: RawFd,
-    lifeline: RawFd,
+    cgroup: Option<&GroupPaths>,
+    fds: [RawFd; 3],
     log: std::fs::File,
 ) -> std::io::Result<Command> {
-    let mut cfg = cfg.clone();
-    cfg.listen_fd = LISTEN_FD;
-    cfg.lifeline_fd = LIFELINE_FD;
-    let json = serde_json::to_string(&cfg).map_err(std::io::Error::other)?;
     let mut cmd = Command::new(worker_bin);
-    cmd.arg("--config")
-        .arg(json)
-        .stdin(Stdio::null())
+    if let Some(g) = cgroup {
+        cmd.arg("--cgroup")
+            .arg(serde_json::to_string(g).map_err(std::io::Error::other)?);
+    }
+    cmd.stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
     // SAFETY: runs in the forked child before exec; only fcntl/dup2 on fds
     // that the parent keeps open until spawn returns.
     unsafe {
         cmd.pre_exec(move || {
-            let a = libc::fcntl(listen, libc::F_DUPFD_CLOEXEC, 10);
-            let b = libc::fcntl(lifeline, libc::F_DUPFD_CLOEXEC, 10);
-            if a < 0 || b < 0 || libc::dup2(a, LISTEN_FD) < 0 || libc::dup2(b, LIFELINE_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
+            let mut tmp = [0; 3];
+            for (t, fd) in tmp.iter_mut().zip(fds) {
+                *t = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
+                if *t < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (t, target) in tmp.into_iter().zip([LISTEN_FD, LIFELINE_FD, CONFIG_FD]) {
+                if libc::dup2(t, target) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
     }
     Ok(cmd)
+}
+
+/// Hands a waiting worker its configuration.
+pub fn send_config(config_pipe: OwnedFd, cfg: &WorkerConfig) -> std::io::Result<()> {
+    let mut cfg = cfg.clone();
+    cfg.listen_fd = LISTEN_FD;
+    cfg.lifeline_fd = LIFELINE_FD;
+    let json = serde_json::to_vec(&cfg).map_err(std::io::Error::other)?;
+    std::fs::File::from(config_pipe).write_all(&json)
 }

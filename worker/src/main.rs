@@ -3,10 +3,11 @@ use pvisor_proto::agent::agent_client::AgentClient;
 use pvisor_proto::worker::worker_server::WorkerServer;
 use pvisor_proto::worker::ReadyReply;
 use pvisor_worker::backend::{self, Sandbox};
-use pvisor_worker::cgroup::WORKER_LEAF;
+use pvisor_worker::cgroup::{GroupPaths, SANDBOX_LEAF};
 use pvisor_worker::config::WorkerConfig;
 use pvisor_worker::forward::AgentForward;
-use pvisor_worker::service::{Readiness, WorkerService};
+use pvisor_worker::launch::CONFIG_FD;
+use pvisor_worker::service::{FreezeScope, Readiness, WorkerService};
 use pvisor_worker::{agent_link, SHUTTING_DOWN};
 use std::os::fd::{FromRawFd, RawFd};
 use std::sync::atomic::Ordering;
@@ -26,14 +27,33 @@ fn set_cloexec(fd: RawFd) {
     }
 }
 
-fn parse_config() -> WorkerConfig {
+/// `pvisor-worker [--cgroup JSON]`: joins the cgroup, then waits for the
+/// configuration on [`CONFIG_FD`]. Returns None when the pipe closes empty
+/// (the broker retired this warm worker).
+fn join_and_wait() -> Option<WorkerConfig> {
     let mut args = std::env::args().skip(1);
     match (args.next().as_deref(), args.next()) {
-        (Some("--config"), Some(json)) => {
-            serde_json::from_str(&json).unwrap_or_else(|e| fail(format!("bad config: {e}")))
+        (Some("--cgroup"), Some(json)) => {
+            let g: GroupPaths =
+                serde_json::from_str(&json).unwrap_or_else(|e| fail(format!("bad --cgroup: {e}")));
+            if let Err(e) = g.join(SANDBOX_LEAF, std::process::id() as i32) {
+                fail(e);
+            }
         }
-        _ => fail("usage: pvisor-worker --config JSON"),
+        (None, _) => {}
+        _ => fail("usage: pvisor-worker [--cgroup JSON] (configuration on fd 5)"),
     }
+    // SAFETY: the broker passed the read end of the config pipe at CONFIG_FD;
+    // nothing else in this process owns it.
+    let mut pipe = unsafe { std::fs::File::from_raw_fd(CONFIG_FD) };
+    let mut json = Vec::new();
+    if let Err(e) = std::io::Read::read_to_end(&mut pipe, &mut json) {
+        fail(format!("reading configuration: {e}"));
+    }
+    if json.is_empty() {
+        return None;
+    }
+    Some(serde_json::from_slice(&json).unwrap_or_else(|e| fail(format!("bad configuration: {e}"))))
 }
 
 /// Exits the worker when the broker's end of the lifeline closes.
@@ -62,8 +82,8 @@ fn watch_sandbox(sandbox: Arc<dyn Sandbox>) {
 }
 
 fn main() {
+    let Some(cfg) = join_and_wait() else { return };
     let t0 = Instant::now();
-    let cfg = parse_config();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG")
@@ -74,15 +94,14 @@ fn main() {
         .init();
     set_cloexec(cfg.listen_fd);
     set_cloexec(cfg.lifeline_fd);
-    if let Some(g) = &cfg.cgroup {
-        if let Err(e) = g.join(WORKER_LEAF, std::process::id() as i32) {
-            fail(e);
-        }
-    }
-    let t_cgroup = t0.elapsed();
     // Start the sandbox while this process is still single-threaded.
     let started = backend::for_kind(cfg.backend).and_then(|b| b.start(&cfg));
     let t_started = t0.elapsed();
+    // The sandbox inherited the worker's `sandbox` leaf. The worker leaves
+    // the freeze scope only when a pause first needs it: a cgroup migration
+    // waits for an RCU grace period (~15 ms here) and blocks every fork in
+    // the meantime, so it stays off the create and first-command path.
+    let separated = FreezeScope::new(cfg.cgroup.clone());
     let (sandbox, initial) = match started {
         Ok(s) => (Some(Arc::<dyn Sandbox>::from(s)), Readiness::Starting),
         Err(e) => {
@@ -94,7 +113,7 @@ fn main() {
         Ok(()) => {}
         Err(e) => fail(format!("seccomp: {e}")),
     }
-    tracing::debug!(cgroup = ?t_cgroup, started = ?t_started, seccomp = ?t0.elapsed(), "worker start-up");
+    tracing::debug!(started = ?t_started, seccomp = ?t0.elapsed(), "worker start-up");
     watch_lifeline(cfg.lifeline_fd, sandbox.clone());
     if let Some(sb) = &sandbox {
         watch_sandbox(sb.clone());
@@ -114,7 +133,13 @@ fn main() {
             .register_encoded_file_descriptor_set(pvisor_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
             .unwrap_or_else(|e| fail(e));
-        let svc = WorkerService::new(sandbox.clone(), ready_rx, cfg.cgroup.clone(), cfg.limits);
+        let svc = WorkerService::new(
+            sandbox.clone(),
+            ready_rx,
+            cfg.cgroup.clone(),
+            cfg.limits,
+            separated,
+        );
         let mut router = tonic::transport::Server::builder()
             .add_service(WorkerServer::new(svc))
             .add_service(reflection);

@@ -95,6 +95,7 @@ async fn start(env: &Env, image_root: Option<PathBuf>, limits: Limits) -> Worker
     let sock = dir.path().join("worker.sock");
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     let (life_rd, life_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    let (cfg_rd, cfg_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     let cfg = WorkerConfig {
         sandbox_id: "test".into(),
         backend: Default::default(),
@@ -110,16 +111,21 @@ async fn start(env: &Env, image_root: Option<PathBuf>, limits: Limits) -> Worker
         agent_config: serde_json::json!({"entrypoint": ["sleep", "1000"]}),
     };
     let log = std::fs::File::create(dir.path().join("worker.log")).unwrap();
-    let mut cmd = pvisor_worker::launch::command(
-        Path::new(env!("CARGO_BIN_EXE_pvisor-worker")),
-        &cfg,
+    let fds = [
         listener.as_raw_fd(),
         life_rd.as_raw_fd(),
+        cfg_rd.as_raw_fd(),
+    ];
+    let mut cmd = pvisor_worker::launch::command(
+        Path::new(env!("CARGO_BIN_EXE_pvisor-worker")),
+        cgroup.as_ref(),
+        fds,
         log,
     )
     .unwrap();
     let child = cmd.spawn().unwrap();
-    drop((listener, life_rd));
+    drop((listener, life_rd, cfg_rd));
+    pvisor_worker::launch::send_config(cfg_wr, &cfg).unwrap();
     let channel = connect(&sock).await;
     Worker {
         child,

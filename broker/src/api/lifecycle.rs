@@ -179,7 +179,7 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     };
     let (runtime, child) = launch::launch(&ctx, &spec).await?;
     let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
-    let state_dir = runtime.state_dir.clone();
+    let log = runtime.log.clone();
     let entry = Arc::new(SandboxEntry::new(
         id,
         new_token(),
@@ -190,7 +190,7 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         runtime,
     ));
     ctx.registry.insert(entry.clone());
-    launch::monitor(entry.clone(), child, state_dir.join("worker.log"));
+    launch::monitor(entry.clone(), child, log);
     tracing::info!(sandbox = %entry.id, image = %entry.image_uri, "created");
     let v = view(&entry);
     let resp = CreateSandboxResponse {

@@ -1,5 +1,6 @@
 //! Launching a sandbox: its directory, cgroup, socket and worker process,
 //! then waiting for the worker to report the agent ready.
+use super::pool::{release_files, WarmWorker};
 use super::record::Runtime;
 use super::teardown::teardown;
 use super::{SandboxEntry, State};
@@ -9,7 +10,6 @@ use axum::http::StatusCode;
 use hyper_util::rt::TokioIo;
 use pvisor_proto::worker::worker_client::WorkerClient;
 use pvisor_worker::config::{Limits, WorkerConfig};
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,115 +46,76 @@ fn start_failed(msg: impl Into<String>) -> ApiError {
     )
 }
 
-/// Leftovers of a launch that failed half-way.
-struct Partial {
-    cgroup: Option<pvisor_worker::cgroup::GroupPaths>,
-    state_dir: PathBuf,
-    socket: PathBuf,
-}
-
-impl Partial {
-    fn cleanup(self) {
-        if let Some(g) = self.cgroup {
-            let _ = g.destroy();
-        }
-        let _ = std::fs::remove_file(&self.socket);
-        let _ = std::fs::remove_dir_all(&self.state_dir);
-    }
-}
-
-/// Starts the worker and returns the live runtime plus the worker child.
+/// Starts the sandbox on a warm worker; returns the live runtime and the
+/// worker process.
 pub async fn launch(
-    ctx: &Ctx,
+    ctx: &Arc<Ctx>,
     spec: &LaunchSpec,
 ) -> Result<(Runtime, tokio::process::Child), ApiError> {
+    let w = ctx.pool.take(ctx).map_err(start_failed)?;
     let state_dir = ctx.sandboxes_dir.join(&spec.id);
-    let socket = ctx.run_dir.join(format!("{}.sock", spec.id));
-    let mut partial = Partial {
-        cgroup: None,
-        state_dir: state_dir.clone(),
-        socket: socket.clone(),
-    };
-    let r = launch_inner(ctx, spec, &mut partial).await;
-    if r.is_err() {
-        tokio::task::spawn_blocking(move || partial.cleanup())
-            .await
-            .ok();
-    }
-    r
-}
-
-async fn launch_inner(
-    ctx: &Ctx,
-    spec: &LaunchSpec,
-    partial: &mut Partial,
-) -> Result<(Runtime, tokio::process::Child), ApiError> {
-    std::fs::create_dir_all(&partial.state_dir)
-        .map_err(|e| start_failed(format!("sandbox dir: {e}")))?;
-    if let Some(layout) = &ctx.cgroups {
-        let name = format!("pvisor-{}", spec.id);
-        partial.cgroup = Some(
-            layout
-                .create_group(&name, &spec.limits)
-                .map_err(|e| start_failed(e.to_string()))?,
-        );
-    }
-    let listener = std::os::unix::net::UnixListener::bind(&partial.socket)
-        .map_err(|e| start_failed(format!("worker socket {}: {e}", partial.socket.display())))?;
-    let (life_rd, life_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| start_failed(format!("pipe: {e}")))?;
-    let cfg = WorkerConfig {
-        sandbox_id: spec.id.clone(),
-        backend: Default::default(),
-        listen_fd: pvisor_worker::launch::LISTEN_FD,
-        lifeline_fd: pvisor_worker::launch::LIFELINE_FD,
-        cgroup: partial.cgroup.clone(),
-        limits: spec.limits,
-        image_root: spec.image_root.clone(),
-        state_dir: partial.state_dir.clone(),
-        ids: ctx.ids,
-        hostname: format!("sandbox-{}", &spec.id[..8.min(spec.id.len())]),
-        agent_path: ctx.agent_bin.clone(),
-        agent_config: spec.agent_config.clone(),
-    };
-    let log = std::fs::File::create(partial.state_dir.join("worker.log"))
-        .map_err(|e| start_failed(format!("worker log: {e}")))?;
-    let cmd = pvisor_worker::launch::command(
-        &ctx.worker_bin,
-        &cfg,
-        listener.as_raw_fd(),
-        life_rd.as_raw_fd(),
+    let WarmWorker {
+        mut child,
+        socket,
         log,
-    )
-    .map_err(|e| start_failed(format!("worker command: {e}")))?;
-    let mut cmd = tokio::process::Command::from(cmd);
-    cmd.kill_on_drop(false);
-    let child = cmd
-        .spawn()
-        .map_err(|e| start_failed(format!("spawn {}: {e}", ctx.worker_bin.display())))?;
-    drop((listener, life_rd));
-    let worker_pid = child.id().unwrap_or(0);
-    let runtime_parts = (worker_pid, life_wr);
-    match wait_ready(&partial.socket).await {
+        lifeline,
+        config,
+        cgroup,
+    } = w;
+    let prepared = (|| -> Result<(), String> {
+        std::fs::create_dir_all(&state_dir).map_err(|e| format!("sandbox dir: {e}"))?;
+        if let Some(g) = &cgroup {
+            g.set_limits(&spec.limits).map_err(|e| e.to_string())?;
+        }
+        let cfg = WorkerConfig {
+            sandbox_id: spec.id.clone(),
+            backend: Default::default(),
+            listen_fd: pvisor_worker::launch::LISTEN_FD,
+            lifeline_fd: pvisor_worker::launch::LIFELINE_FD,
+            cgroup: cgroup.clone(),
+            limits: spec.limits,
+            image_root: spec.image_root.clone(),
+            state_dir: state_dir.clone(),
+            ids: ctx.ids,
+            hostname: format!("sandbox-{}", &spec.id[..8.min(spec.id.len())]),
+            agent_path: ctx.agent_bin.clone(),
+            agent_config: spec.agent_config.clone(),
+        };
+        pvisor_worker::launch::send_config(config, &cfg)
+            .map_err(|e| format!("configure worker: {e}"))
+    })();
+    let ready = match prepared {
+        Ok(()) => wait_ready(&socket).await,
+        Err(e) => Err(e),
+    };
+    super::pool::Pool::refill(ctx.clone());
+    match ready {
         Ok(channel) => {
-            let (worker_pid, lifeline) = runtime_parts;
+            let worker_pid = child.id().unwrap_or(0);
             Ok((
                 Runtime {
                     channel,
                     worker_pid,
-                    cgroup: partial.cgroup.clone(),
-                    state_dir: partial.state_dir.clone(),
-                    socket: partial.socket.clone(),
+                    cgroup,
+                    state_dir,
+                    socket,
+                    log,
                     lifeline,
                 },
                 child,
             ))
         }
         Err(msg) => {
-            kill_worker(worker_pid, runtime_parts.1);
-            let mut child = child;
+            let _ = child.start_kill();
             let _ = child.wait().await;
-            let tail = log_tail(&partial.state_dir.join("worker.log"));
+            let tail = log_tail(&log);
+            drop(lifeline);
+            tokio::task::spawn_blocking(move || {
+                release_files(&socket, &log, cgroup.as_ref());
+                let _ = std::fs::remove_dir_all(&state_dir);
+            })
+            .await
+            .ok();
             Err(start_failed(if tail.is_empty() {
                 msg
             } else {
@@ -162,14 +123,6 @@ async fn launch_inner(
             }))
         }
     }
-}
-
-fn kill_worker(pid: u32, lifeline: OwnedFd) {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    );
-    drop(lifeline);
 }
 
 async fn wait_ready(socket: &Path) -> Result<Channel, String> {
@@ -197,6 +150,7 @@ pub fn log_tail(path: &Path) -> String {
 /// Watches the worker: if it exits while the sandbox is live, the sandbox is
 /// marked Failed with the reason and its resources are released.
 pub fn monitor(entry: Arc<SandboxEntry>, mut child: tokio::process::Child, log: PathBuf) {
+    // `log` lives until teardown, which runs after the tail is read.
     tokio::spawn(async move {
         let status = child.wait().await;
         if entry.is_deleting() {

@@ -2,6 +2,7 @@
 //! worker, tearing one down and expiring them.
 pub mod expiry;
 pub mod launch;
+pub mod pool;
 pub mod record;
 pub mod registry;
 pub mod teardown;

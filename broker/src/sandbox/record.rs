@@ -48,6 +48,7 @@ pub struct Runtime {
     pub cgroup: Option<GroupPaths>,
     pub state_dir: PathBuf,
     pub socket: PathBuf,
+    pub log: PathBuf,
     /// The broker's end of the worker's lifeline pipe; dropping it ends the worker.
     pub lifeline: OwnedFd,
 }

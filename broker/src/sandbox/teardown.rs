@@ -18,6 +18,7 @@ fn release(id: &str, rt: Runtime) {
         cgroup,
         state_dir,
         socket,
+        log,
         lifeline,
         channel,
     } = rt;
@@ -29,12 +30,7 @@ fn release(id: &str, rt: Runtime) {
         nix::sys::signal::Signal::SIGKILL,
     );
     drop(lifeline);
-    if let Some(g) = cgroup {
-        if let Err(e) = g.destroy() {
-            tracing::warn!(sandbox = id, "cgroup cleanup: {e}");
-        }
-    }
-    let _ = std::fs::remove_file(&socket);
+    super::pool::release_files(&socket, &log, cgroup.as_ref());
     if let Err(e) = std::fs::remove_dir_all(&state_dir) {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(sandbox = id, "removing {}: {e}", state_dir.display());

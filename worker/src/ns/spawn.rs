@@ -1,6 +1,5 @@
 //! The worker side of starting an ns sandbox.
 use super::init::{self, InitArgs, AGENT_FD};
-use crate::cgroup::SANDBOX_LEAF;
 use crate::config::{IdMap, WorkerConfig};
 use crate::error::{Result, WorkerError};
 use nix::fcntl::OFlag;
@@ -123,9 +122,7 @@ pub fn start(cfg: &WorkerConfig) -> Result<(i32, UnixStream)> {
     let t = std::time::Instant::now();
     let release = || -> Result<()> {
         write_id_maps(pid, &cfg.ids)?;
-        if let Some(g) = &cfg.cgroup {
-            g.join(SANDBOX_LEAF, pid)?;
-        }
+        // No cgroup move: the child inherited the worker's `sandbox` leaf.
         // Protect the agent from the OOM killer; its children reset to 0.
         let _ = fs::write(format!("/proc/{pid}/oom_score_adj"), "-999");
         nix::unistd::write(&go_wr, b"1").map_err(|e| WorkerError::sys("release sandbox", e))?;

@@ -1,0 +1,170 @@
+//! Warm workers: processes already started and already in a fresh cgroup,
+//! waiting (single-threaded) for a sandbox configuration. Taking one keeps
+//! process start-up, cgroup creation and cgroup migration — the slow parts
+//! of a start on these hosts — off the create path.
+use crate::server::Ctx;
+use nix::fcntl::OFlag;
+use pvisor_worker::cgroup::GroupPaths;
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub struct WarmWorker {
+    pub child: tokio::process::Child,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    /// The broker's end of the worker's lifeline pipe.
+    pub lifeline: OwnedFd,
+    /// Write end of the worker's configuration pipe.
+    pub config: OwnedFd,
+    pub cgroup: Option<GroupPaths>,
+}
+
+/// Files and groups of a worker, released when it is discarded or torn down.
+pub fn release_files(socket: &PathBuf, log: &PathBuf, cgroup: Option<&GroupPaths>) {
+    if let Some(g) = cgroup {
+        if let Err(e) = g.destroy() {
+            tracing::warn!("cgroup cleanup: {e}");
+        }
+    }
+    let _ = std::fs::remove_file(socket);
+    let _ = std::fs::remove_file(log);
+}
+
+impl WarmWorker {
+    /// Starts a worker that waits for its sandbox.
+    pub fn spawn(ctx: &Ctx) -> Result<WarmWorker, String> {
+        let slot = format!("{:016x}", rand::random::<u64>());
+        let cgroup = match &ctx.cgroups {
+            Some(l) => Some(
+                l.create_group(&format!("{}{slot}", ctx.cgroup_prefix), &ctx.default_limits)
+                    .map_err(|e| e.to_string())?,
+            ),
+            None => None,
+        };
+        let socket = ctx.run_dir.join(format!("{slot}.sock"));
+        let log = ctx.run_dir.join(format!("{slot}.log"));
+        let r = (|| -> Result<WarmWorker, String> {
+            let listener = std::os::unix::net::UnixListener::bind(&socket)
+                .map_err(|e| format!("worker socket {}: {e}", socket.display()))?;
+            let (life_rd, life_wr) =
+                nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+            let (cfg_rd, cfg_wr) =
+                nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+            let logf = std::fs::File::create(&log).map_err(|e| format!("worker log: {e}"))?;
+            let fds = [
+                listener.as_raw_fd(),
+                life_rd.as_raw_fd(),
+                cfg_rd.as_raw_fd(),
+            ];
+            let cmd = pvisor_worker::launch::command(&ctx.worker_bin, cgroup.as_ref(), fds, logf)
+                .map_err(|e| e.to_string())?;
+            let mut cmd = tokio::process::Command::from(cmd);
+            cmd.kill_on_drop(true);
+            let child = cmd
+                .spawn()
+                .map_err(|e| format!("spawn {}: {e}", ctx.worker_bin.display()))?;
+            Ok(WarmWorker {
+                child,
+                socket: socket.clone(),
+                log: log.clone(),
+                lifeline: life_wr,
+                config: cfg_wr,
+                cgroup: cgroup.clone(),
+            })
+        })();
+        if r.is_err() {
+            release_files(&socket, &log, cgroup.as_ref());
+        }
+        r
+    }
+
+    /// Ends a worker that never got a sandbox.
+    pub fn discard(mut self) {
+        let _ = self.child.start_kill();
+        release_files(&self.socket, &self.log, self.cgroup.as_ref());
+    }
+}
+
+/// Delay between a create and the refill it triggers.
+const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A small stock of warm workers, refilled in the background.
+pub struct Pool {
+    want: usize,
+    idle: Mutex<VecDeque<WarmWorker>>,
+    refilling: AtomicBool,
+}
+
+impl Pool {
+    pub fn new(want: usize) -> Self {
+        Pool {
+            want,
+            idle: Mutex::new(VecDeque::new()),
+            refilling: AtomicBool::new(false),
+        }
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, VecDeque<WarmWorker>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A live warm worker: from the stock if one is there, else a fresh one.
+    pub fn take(&self, ctx: &Arc<Ctx>) -> Result<WarmWorker, String> {
+        let found = loop {
+            let Some(mut w) = self.idle().pop_front() else {
+                break None;
+            };
+            match w.child.try_wait() {
+                Ok(None) => break Some(w),
+                _ => w.discard(),
+            }
+        };
+        match found {
+            Some(w) => Ok(w),
+            None => WarmWorker::spawn(ctx),
+        }
+    }
+
+    /// Tops the stock up, off the request path (call it once a create is
+    /// done, so its cgroup work does not compete with the create). One refill
+    /// runs at a time.
+    pub fn refill(ctx: Arc<Ctx>) {
+        if ctx.pool.want == 0 || ctx.pool.refilling.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tokio::spawn(async move {
+            // A worker's cgroup join stalls every fork on the host for an RCU
+            // grace period: let the new sandbox's first command go first.
+            tokio::time::sleep(REFILL_DELAY).await;
+            let _ = tokio::task::spawn_blocking(move || Self::fill(&ctx)).await;
+        });
+    }
+
+    fn fill(ctx: &Arc<Ctx>) {
+        {
+            let handle = tokio::runtime::Handle::current();
+            let _guard = handle.enter();
+            while ctx.pool.idle().len() < ctx.pool.want {
+                match WarmWorker::spawn(ctx) {
+                    Ok(w) => ctx.pool.idle().push_back(w),
+                    Err(e) => {
+                        tracing::warn!("warm worker: {e}");
+                        break;
+                    }
+                }
+            }
+            ctx.pool.refilling.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Ends every idle worker (service shutdown).
+    pub fn drain(&self) {
+        let all: Vec<WarmWorker> = self.idle().drain(..).collect();
+        for w in all {
+            w.discard();
+        }
+    }
+}
