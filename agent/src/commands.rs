@@ -4,9 +4,7 @@ use crate::config::AgentConfig;
 use crate::error::{AgentError, Result};
 use crate::lines::for_each_line;
 use crate::spawn::{kill_group, spawn, SpawnSpec, Spawned};
-use pvisor_proto::agent::{
-    exec_event, CommandStatusReply, ExecEvent, ExecRequest, ExitStatus, LogsReply,
-};
+use pvisor_proto::agent::{exec_event, CommandStatusReply, ExecEvent, ExecRequest, ExitStatus, LogsReply};
 use pvisor_proto::now_ms;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -24,10 +22,7 @@ const DRAIN_GRACE: Duration = Duration::from_millis(100);
 pub type EventTx = mpsc::Sender<std::result::Result<ExecEvent, tonic::Status>>;
 
 pub fn event(kind: exec_event::Kind) -> ExecEvent {
-    ExecEvent {
-        kind: Some(kind),
-        timestamp_ms: now_ms(),
-    }
+    ExecEvent { kind: Some(kind), timestamp_ms: now_ms() }
 }
 
 #[derive(Default)]
@@ -97,10 +92,7 @@ pub fn new_id() -> String {
 
 impl Commands {
     pub fn new(cfg: Arc<AgentConfig>) -> Arc<Self> {
-        Arc::new(Commands {
-            cfg,
-            table: Mutex::new((HashMap::new(), VecDeque::new())),
-        })
+        Arc::new(Commands { cfg, table: Mutex::new((HashMap::new(), VecDeque::new())) })
     }
 
     pub fn config(&self) -> &AgentConfig {
@@ -125,30 +117,19 @@ impl Commands {
 
     fn get(&self, id: &str) -> Result<Arc<Entry>> {
         let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        t.0.get(id)
-            .cloned()
-            .ok_or_else(|| AgentError::NotFound(format!("command {id}")))
+        t.0.get(id).cloned().ok_or_else(|| AgentError::NotFound(format!("command {id}")))
     }
 
     /// Starts a command. Foreground commands stream into `tx` until their exit
     /// event; background commands get their init event and keep running.
-    pub fn exec(
-        self: &Arc<Self>,
-        req: ExecRequest,
-        tx: EventTx,
-        id: Option<String>,
-    ) -> Result<String> {
+    pub fn exec(self: &Arc<Self>, req: ExecRequest, tx: EventTx, id: Option<String>) -> Result<String> {
         let mut spec = SpawnSpec::new(&req.command, &req.argv)?;
         spec.cwd = req.cwd.clone();
         spec.envs = req.envs.clone().into_iter().collect();
         spec.uid = req.uid;
         spec.gid = req.gid;
         let spawned = spawn(&spec, &self.cfg)?;
-        let content = if req.command.is_empty() {
-            req.argv.join(" ")
-        } else {
-            req.command.clone()
-        };
+        let content = if req.command.is_empty() { req.argv.join(" ") } else { req.command.clone() };
         let entry = Arc::new(Entry {
             id: id.unwrap_or_else(new_id),
             content,
@@ -206,13 +187,7 @@ impl Commands {
 /// Streams one command's output and exit. `sink` is None for background commands.
 async fn drive(entry: Arc<Entry>, sp: Spawned, sink: Option<EventTx>, timeout: Option<Duration>) {
     let started = Instant::now();
-    let Spawned {
-        pid,
-        stdout,
-        stderr,
-        exit,
-        ..
-    } = sp;
+    let Spawned { pid, stdout, stderr, exit, .. } = sp;
     let emit = |kind: fn(String) -> exec_event::Kind| {
         let entry = entry.clone();
         let sink = sink.clone();
@@ -248,6 +223,7 @@ async fn drive(entry: Arc<Entry>, sp: Spawned, sink: Option<EventTx>, timeout: O
     tokio::pin!(closed);
     let mut readers_done = false;
     let mut timed_out = false;
+    let mut abandoned = false;
     let code = loop {
         tokio::select! {
             c = &mut exit => break c.unwrap_or(-1),
@@ -256,7 +232,11 @@ async fn drive(entry: Arc<Entry>, sp: Spawned, sink: Option<EventTx>, timeout: O
                 timed_out = true;
                 kill_group(pid);
             }
-            _ = &mut closed => kill_group(pid),
+            _ = &mut closed, if !abandoned => {
+                // The client went away: a foreground command dies with its stream.
+                abandoned = true;
+                kill_group(pid);
+            }
         }
     };
     if !readers_done {
@@ -265,10 +245,7 @@ async fn drive(entry: Arc<Entry>, sp: Spawned, sink: Option<EventTx>, timeout: O
     let error = {
         let mut s = entry.state();
         if timed_out {
-            s.error = format!(
-                "command timed out after {} ms",
-                timeout.unwrap_or_default().as_millis()
-            );
+            s.error = format!("command timed out after {} ms", timeout.unwrap_or_default().as_millis());
         }
         s.running = false;
         s.exit_code = Some(code);
@@ -276,11 +253,7 @@ async fn drive(entry: Arc<Entry>, sp: Spawned, sink: Option<EventTx>, timeout: O
         s.error.clone()
     };
     if let Some(tx) = sink {
-        let status = ExitStatus {
-            code,
-            error,
-            elapsed_ms: started.elapsed().as_millis() as u64,
-        };
+        let status = ExitStatus { code, error, elapsed_ms: started.elapsed().as_millis() as u64 };
         let _ = tx.send(Ok(event(exec_event::Kind::Exit(status)))).await;
     }
     tracing::debug!(id = %entry.id, code, background = entry.background, "command finished");

@@ -17,10 +17,7 @@ pub enum AgentError {
 
 impl AgentError {
     pub fn io(path: impl Into<String>, source: io::Error) -> Self {
-        AgentError::Io {
-            path: path.into(),
-            source,
-        }
+        AgentError::Io { path: path.into(), source }
     }
 }
 
@@ -32,22 +29,20 @@ impl From<AgentError> for tonic::Status {
             AgentError::InvalidArgument(_) => Status::invalid_argument(msg),
             AgentError::NotFound(_) => Status::not_found(msg),
             AgentError::Conflict(_) => Status::failed_precondition(msg),
-            AgentError::Spawn { source, .. } | AgentError::Io { source, .. } => {
-                match source.kind() {
-                    io::ErrorKind::NotFound => Status::not_found(msg),
-                    io::ErrorKind::PermissionDenied => Status::permission_denied(msg),
-                    io::ErrorKind::AlreadyExists => Status::already_exists(msg),
-                    io::ErrorKind::InvalidInput
-                    | io::ErrorKind::InvalidData
-                    | io::ErrorKind::IsADirectory
-                    | io::ErrorKind::NotADirectory
-                    | io::ErrorKind::DirectoryNotEmpty => Status::invalid_argument(msg),
-                    _ => match source.raw_os_error() {
-                        Some(libc::ENOSPC) | Some(libc::EDQUOT) => Status::resource_exhausted(msg),
-                        _ => Status::internal(msg),
-                    },
-                }
-            }
+            AgentError::Spawn { source, .. } | AgentError::Io { source, .. } => match source.kind() {
+                io::ErrorKind::NotFound => Status::not_found(msg),
+                io::ErrorKind::PermissionDenied => Status::permission_denied(msg),
+                io::ErrorKind::AlreadyExists => Status::already_exists(msg),
+                io::ErrorKind::InvalidInput
+                | io::ErrorKind::InvalidData
+                | io::ErrorKind::IsADirectory
+                | io::ErrorKind::NotADirectory
+                | io::ErrorKind::DirectoryNotEmpty => Status::invalid_argument(msg),
+                _ => match source.raw_os_error() {
+                    Some(libc::ENOSPC) | Some(libc::EDQUOT) => Status::resource_exhausted(msg),
+                    _ => Status::internal(msg),
+                },
+            },
         }
     }
 }

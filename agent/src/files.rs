@@ -18,15 +18,11 @@ pub fn check_path(p: &str) -> Result<PathBuf> {
         return Err(AgentError::InvalidArgument("path is empty".into()));
     }
     if p.contains('\0') {
-        return Err(AgentError::InvalidArgument(format!(
-            "path {p:?} contains NUL"
-        )));
+        return Err(AgentError::InvalidArgument(format!("path {p:?} contains NUL")));
     }
     let path = Path::new(p);
     if !path.is_absolute() {
-        return Err(AgentError::InvalidArgument(format!(
-            "path {p:?} is not absolute"
-        )));
+        return Err(AgentError::InvalidArgument(format!("path {p:?} is not absolute")));
     }
     let mut out = PathBuf::from("/");
     for c in path.components() {
@@ -34,9 +30,7 @@ pub fn check_path(p: &str) -> Result<PathBuf> {
             Component::RootDir | Component::CurDir => {}
             Component::ParentDir => {
                 if !out.pop() || out.as_os_str().is_empty() {
-                    return Err(AgentError::InvalidArgument(format!(
-                        "path {p:?} escapes the sandbox root"
-                    )));
+                    return Err(AgentError::InvalidArgument(format!("path {p:?} escapes the sandbox root")));
                 }
                 if out.as_os_str().is_empty() {
                     out.push("/");
@@ -54,10 +48,7 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> AgentError + '_ {
 }
 
 fn ms(t: std::io::Result<std::time::SystemTime>) -> i64 {
-    t.ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    t.ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 fn file_type(md: &Metadata) -> &'static str {
@@ -79,9 +70,7 @@ pub fn info_of(path: &Path, md: &Metadata) -> FileInfo {
         size: md.len(),
         modified_at_ms: ms(md.modified()),
         created_at_ms: ms(md.created().or_else(|_| md.modified())),
-        owner: passwd::user_by_uid(md.uid())
-            .map(|u| u.name)
-            .unwrap_or_else(|| md.uid().to_string()),
+        owner: passwd::user_by_uid(md.uid()).map(|u| u.name).unwrap_or_else(|| md.uid().to_string()),
         group: passwd::group_name(md.gid()).unwrap_or_else(|| md.gid().to_string()),
         mode: md.mode() & 0o7777,
         r#type: file_type(md).into(),
@@ -102,34 +91,25 @@ pub fn stat(paths: &[String]) -> Result<Vec<FileInfo>> {
 
 fn resolve_owner(owner: Option<&str>, group: Option<&str>) -> Result<(Option<u32>, Option<u32>)> {
     let uid = match owner.filter(|s| !s.is_empty()) {
-        Some(o) => Some(
-            passwd::resolve_uid(o)
-                .ok_or_else(|| AgentError::InvalidArgument(format!("unknown user {o:?}")))?,
-        ),
+        Some(o) => {
+            Some(passwd::resolve_uid(o).ok_or_else(|| AgentError::InvalidArgument(format!("unknown user {o:?}")))?)
+        }
         None => None,
     };
     let gid = match group.filter(|s| !s.is_empty()) {
-        Some(g) => Some(
-            passwd::resolve_gid(g)
-                .ok_or_else(|| AgentError::InvalidArgument(format!("unknown group {g:?}")))?,
-        ),
+        Some(g) => {
+            Some(passwd::resolve_gid(g).ok_or_else(|| AgentError::InvalidArgument(format!("unknown group {g:?}")))?)
+        }
         None => None,
     };
     Ok((uid, gid))
 }
 
 /// Applies mode and ownership to one path.
-pub fn apply_permissions(
-    path: &Path,
-    mode: Option<u32>,
-    owner: Option<&str>,
-    group: Option<&str>,
-) -> Result<()> {
+pub fn apply_permissions(path: &Path, mode: Option<u32>, owner: Option<&str>, group: Option<&str>) -> Result<()> {
     if let Some(mode) = mode {
         if mode > 0o7777 {
-            return Err(AgentError::InvalidArgument(format!(
-                "mode {mode:o} is out of range"
-            )));
+            return Err(AgentError::InvalidArgument(format!("mode {mode:o} is out of range")));
         }
         fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_err(path))?;
     }
@@ -173,44 +153,17 @@ pub struct UploadFile {
 }
 
 impl UploadFile {
-    pub fn create(
-        path: &str,
-        mode: Option<u32>,
-        owner: Option<String>,
-        group: Option<String>,
-    ) -> Result<Self> {
+    pub fn create(path: &str, mode: Option<u32>, owner: Option<String>, group: Option<String>) -> Result<Self> {
         let path = check_path(path)?;
-        let parent = path
-            .parent()
-            .ok_or_else(|| AgentError::InvalidArgument("cannot write to /".into()))?;
+        let parent = path.parent().ok_or_else(|| AgentError::InvalidArgument("cannot write to /".into()))?;
         fs::create_dir_all(parent).map_err(io_err(parent))?;
         if path.is_dir() {
-            return Err(AgentError::InvalidArgument(format!(
-                "{} is a directory",
-                path.display()
-            )));
+            return Err(AgentError::InvalidArgument(format!("{} is a directory", path.display())));
         }
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let tmp = parent.join(format!(
-            ".{name}.pvisor-upload-{:08x}",
-            rand::random::<u32>()
-        ));
-        let file = File::options()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(io_err(&tmp))?;
-        Ok(UploadFile {
-            path,
-            tmp,
-            file,
-            mode: mode.unwrap_or(0o644),
-            owner,
-            group,
-        })
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = parent.join(format!(".{name}.pvisor-upload-{:08x}", rand::random::<u32>()));
+        let file = File::options().write(true).create_new(true).open(&tmp).map_err(io_err(&tmp))?;
+        Ok(UploadFile { path, tmp, file, mode: mode.unwrap_or(0o644), owner, group })
     }
 
     pub fn write(&mut self, data: &[u8]) -> Result<()> {
@@ -219,12 +172,7 @@ impl UploadFile {
 
     pub fn finish(self) -> Result<()> {
         let r = (|| {
-            apply_permissions(
-                &self.tmp,
-                Some(self.mode),
-                self.owner.as_deref(),
-                self.group.as_deref(),
-            )?;
+            apply_permissions(&self.tmp, Some(self.mode), self.owner.as_deref(), self.group.as_deref())?;
             fs::rename(&self.tmp, &self.path).map_err(io_err(&self.path))
         })();
         if r.is_err() {
@@ -244,16 +192,11 @@ pub fn open_for_read(path: &str, offset: u64, limit: u64) -> Result<(File, u64)>
     let mut f = File::open(&path).map_err(io_err(&path))?;
     let md = f.metadata().map_err(io_err(&path))?;
     if md.is_dir() {
-        return Err(AgentError::InvalidArgument(format!(
-            "{} is a directory",
-            path.display()
-        )));
+        return Err(AgentError::InvalidArgument(format!("{} is a directory", path.display())));
     }
     let len = md.len();
     if offset > len {
-        return Err(AgentError::InvalidArgument(format!(
-            "offset {offset} is beyond the end ({len})"
-        )));
+        return Err(AgentError::InvalidArgument(format!("offset {offset} is beyond the end ({len})")));
     }
     f.seek(SeekFrom::Start(offset)).map_err(io_err(&path))?;
     let rest = len - offset;
@@ -273,10 +216,7 @@ pub fn remove_files(paths: &[String]) -> Result<()> {
         let path = check_path(p)?;
         let md = fs::symlink_metadata(&path).map_err(io_err(&path))?;
         if md.is_dir() {
-            return Err(AgentError::InvalidArgument(format!(
-                "{} is a directory",
-                path.display()
-            )));
+            return Err(AgentError::InvalidArgument(format!("{} is a directory", path.display())));
         }
         fs::remove_file(&path).map_err(io_err(&path))?;
     }
@@ -341,10 +281,7 @@ pub fn replace(entries: &[ReplaceEntry]) -> Result<Vec<ReplaceCount>> {
     for e in entries {
         let path = check_path(&e.path)?;
         if e.old.is_empty() {
-            return Err(AgentError::InvalidArgument(format!(
-                "{}: nothing to replace",
-                e.path
-            )));
+            return Err(AgentError::InvalidArgument(format!("{}: nothing to replace", e.path)));
         }
         let text = fs::read(&path).map_err(io_err(&path))?;
         let text = String::from_utf8(text)
@@ -353,10 +290,7 @@ pub fn replace(entries: &[ReplaceEntry]) -> Result<Vec<ReplaceCount>> {
         if n > 0 {
             fs::write(&path, text.replace(e.old.as_str(), &e.new)).map_err(io_err(&path))?;
         }
-        counts.push(ReplaceCount {
-            path: e.path.clone(),
-            replaced: n,
-        });
+        counts.push(ReplaceCount { path: e.path.clone(), replaced: n });
     }
     Ok(counts)
 }
@@ -366,10 +300,7 @@ pub fn list_dir(root: &str, depth: u32) -> Result<Vec<FileInfo>> {
     let root = check_path(root)?;
     let md = fs::metadata(&root).map_err(io_err(&root))?;
     if !md.is_dir() {
-        return Err(AgentError::InvalidArgument(format!(
-            "{} is not a directory",
-            root.display()
-        )));
+        return Err(AgentError::InvalidArgument(format!("{} is not a directory", root.display())));
     }
     let mut out = Vec::new();
     walk(&root, depth.max(1), &mut |p, md| {
@@ -379,10 +310,7 @@ pub fn list_dir(root: &str, depth: u32) -> Result<Vec<FileInfo>> {
 }
 
 fn walk(dir: &Path, depth: u32, f: &mut dyn FnMut(&Path, &Metadata)) -> Result<()> {
-    let mut entries: Vec<_> = fs::read_dir(dir)
-        .map_err(io_err(dir))?
-        .filter_map(|e| e.ok())
-        .collect();
+    let mut entries: Vec<_> = fs::read_dir(dir).map_err(io_err(dir))?.filter_map(|e| e.ok()).collect();
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let p = e.path();
@@ -404,10 +332,7 @@ pub fn search(root: &str, pattern: &str) -> Result<Vec<FileInfo>> {
     let pattern = if pattern.is_empty() { "**" } else { pattern };
     let pat = glob::Pattern::new(pattern)
         .map_err(|e| AgentError::InvalidArgument(format!("bad pattern {pattern:?}: {e}")))?;
-    let opts = glob::MatchOptions {
-        require_literal_separator: false,
-        ..Default::default()
-    };
+    let opts = glob::MatchOptions { require_literal_separator: false, ..Default::default() };
     let mut out = Vec::new();
     walk(&root, u32::MAX, &mut |p, md| {
         if md.is_dir() {
@@ -461,17 +386,10 @@ mod tests {
         fs::create_dir_all(d.path().join("x/y")).unwrap();
         fs::write(d.path().join("x/a.txt"), "one two one").unwrap();
         fs::write(d.path().join("x/y/b.py"), "print(1)").unwrap();
-        let c = replace(&[ReplaceEntry {
-            path: format!("{root}/x/a.txt"),
-            old: "one".into(),
-            new: "1".into(),
-        }])
-        .unwrap();
+        let c =
+            replace(&[ReplaceEntry { path: format!("{root}/x/a.txt"), old: "one".into(), new: "1".into() }]).unwrap();
         assert_eq!(c[0].replaced, 2);
-        assert_eq!(
-            fs::read_to_string(d.path().join("x/a.txt")).unwrap(),
-            "1 two 1"
-        );
+        assert_eq!(fs::read_to_string(d.path().join("x/a.txt")).unwrap(), "1 two 1");
         let found = search(&root, "*.py").unwrap();
         assert_eq!(found.len(), 1);
         assert!(found[0].path.ends_with("x/y/b.py"));

@@ -15,26 +15,19 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        fd: None,
-        listen: None,
-        config: AgentConfig::default(),
-    };
+    let mut a = Args { fd: None, listen: None, config: AgentConfig::default() };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let val = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--fd" => a.fd = Some(val.parse().map_err(|_| format!("bad fd {val}"))?),
             "--listen" => a.listen = Some(val.into()),
-            "--config" => {
-                a.config = serde_json::from_str(&val).map_err(|e| format!("bad config: {e}"))?
-            }
+            "--config" => a.config = serde_json::from_str(&val).map_err(|e| format!("bad config: {e}"))?,
             _ => return Err(format!("unknown argument {flag}")),
         }
     }
     if let Ok(json) = std::env::var("PVISOR_AGENT_CONFIG") {
-        a.config =
-            serde_json::from_str(&json).map_err(|e| format!("bad PVISOR_AGENT_CONFIG: {e}"))?;
+        a.config = serde_json::from_str(&json).map_err(|e| format!("bad PVISOR_AGENT_CONFIG: {e}"))?;
         std::env::remove_var("PVISOR_AGENT_CONFIG");
     }
     if a.fd.is_none() && a.listen.is_none() {
@@ -58,10 +51,7 @@ fn main() {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
     }
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -79,11 +69,7 @@ fn main() {
             }
         });
         if !entrypoint.is_empty() {
-            let req = ExecRequest {
-                argv: entrypoint.clone(),
-                background: true,
-                ..Default::default()
-            };
+            let req = ExecRequest { argv: entrypoint.clone(), background: true, ..Default::default() };
             let (tx, _rx) = tokio::sync::mpsc::channel(1);
             if let Err(e) = svc.commands.exec(req, tx, Some("entrypoint".into())) {
                 tracing::warn!("entrypoint {entrypoint:?} did not start: {e}");

@@ -22,47 +22,30 @@ fn parse_users(recs: Vec<Vec<String>>) -> Vec<User> {
     recs.into_iter()
         .filter(|r| r.len() >= 6)
         .filter_map(|r| {
-            Some(User {
-                name: r[0].clone(),
-                uid: r[2].parse().ok()?,
-                gid: r[3].parse().ok()?,
-                home: r[5].clone(),
-            })
+            Some(User { name: r[0].clone(), uid: r[2].parse().ok()?, gid: r[3].parse().ok()?, home: r[5].clone() })
         })
         .collect()
 }
 
 pub fn user_by_name(name: &str) -> Option<User> {
-    parse_users(records("/etc/passwd"))
-        .into_iter()
-        .find(|u| u.name == name)
+    parse_users(records("/etc/passwd")).into_iter().find(|u| u.name == name)
 }
 
 pub fn user_by_uid(uid: u32) -> Option<User> {
-    parse_users(records("/etc/passwd"))
-        .into_iter()
-        .find(|u| u.uid == uid)
+    parse_users(records("/etc/passwd")).into_iter().find(|u| u.uid == uid)
 }
 
 pub fn group_by_name(name: &str) -> Option<u32> {
-    records("/etc/group")
-        .into_iter()
-        .find(|r| r.len() >= 3 && r[0] == name)
-        .and_then(|r| r[2].parse().ok())
+    records("/etc/group").into_iter().find(|r| r.len() >= 3 && r[0] == name).and_then(|r| r[2].parse().ok())
 }
 
 pub fn group_name(gid: u32) -> Option<String> {
-    records("/etc/group")
-        .into_iter()
-        .find(|r| r.len() >= 3 && r[2].parse() == Ok(gid))
-        .map(|r| r[0].clone())
+    records("/etc/group").into_iter().find(|r| r.len() >= 3 && r[2].parse() == Ok(gid)).map(|r| r[0].clone())
 }
 
 /// A user name or numeric id → uid.
 pub fn resolve_uid(spec: &str) -> Option<u32> {
-    spec.parse()
-        .ok()
-        .or_else(|| user_by_name(spec).map(|u| u.uid))
+    spec.parse().ok().or_else(|| user_by_name(spec).map(|u| u.uid))
 }
 
 /// A group name or numeric id → gid.

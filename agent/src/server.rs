@@ -10,9 +10,7 @@ use tonic::transport::Server;
 pub const MAX_MESSAGE: usize = 64 << 20;
 
 fn router(svc: AgentService) -> tonic::transport::server::Router {
-    let agent = AgentServer::new(svc)
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE);
+    let agent = AgentServer::new(svc).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
     Server::builder().add_service(agent)
 }
 
@@ -23,8 +21,7 @@ pub async fn serve_fd(fd: RawFd, svc: AgentService) -> anyhow_like::Result<()> {
     let std = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
     std.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(std)?;
-    let incoming =
-        tokio_stream::once(Ok::<_, std::io::Error>(stream)).chain(tokio_stream::pending());
+    let incoming = tokio_stream::once(Ok::<_, std::io::Error>(stream)).chain(tokio_stream::pending());
     router(svc).serve_with_incoming(incoming).await?;
     Ok(())
 }

@@ -24,10 +24,7 @@ pub struct AgentService {
 impl AgentService {
     pub fn new(cfg: AgentConfig) -> Self {
         let cfg = Arc::new(cfg);
-        AgentService {
-            commands: Commands::new(cfg.clone()),
-            sessions: Arc::new(Sessions::new(cfg)),
-        }
+        AgentService { commands: Commands::new(cfg.clone()), sessions: Arc::new(Sessions::new(cfg)) }
     }
 }
 
@@ -35,22 +32,14 @@ type Res<T> = Result<Response<T>, Status>;
 type Stream<T> = ReceiverStream<Result<T, Status>>;
 
 /// Runs blocking file work off the async threads.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
-) -> Result<T, Status> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
-        .map_err(Status::from)
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, AgentError> + Send + 'static) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(e.to_string()))?.map_err(Status::from)
 }
 
 #[tonic::async_trait]
 impl Agent for AgentService {
     async fn ping(&self, _: Request<Empty>) -> Res<PingReply> {
-        Ok(Response::new(PingReply {
-            version: env!("CARGO_PKG_VERSION").into(),
-            pid: std::process::id(),
-        }))
+        Ok(Response::new(PingReply { version: env!("CARGO_PKG_VERSION").into(), pid: std::process::id() }))
     }
 
     type ExecStream = Stream<ExecEvent>;
@@ -80,10 +69,7 @@ impl Agent for AgentService {
     }
 
     type RunInSessionStream = Stream<ExecEvent>;
-    async fn run_in_session(
-        &self,
-        req: Request<SessionRunRequest>,
-    ) -> Res<Self::RunInSessionStream> {
+    async fn run_in_session(&self, req: Request<SessionRunRequest>) -> Res<Self::RunInSessionStream> {
         let r = req.into_inner();
         let (tx, rx) = mpsc::channel(256);
         let sessions = self.sessions.clone();
@@ -91,10 +77,7 @@ impl Agent for AgentService {
         sessions.run_check(&r.session_id)?;
         tokio::spawn(async move {
             let err_tx = tx.clone();
-            if let Err(e) = sessions
-                .run(&r.session_id, &r.command, &r.cwd, r.timeout_ms, tx)
-                .await
-            {
+            if let Err(e) = sessions.run(&r.session_id, &r.command, &r.cwd, r.timeout_ms, tx).await {
                 let _ = err_tx.send(Err(e.into())).await;
             }
         });
@@ -122,17 +105,11 @@ impl Agent for AgentService {
                         if let Some(f) = current.take() {
                             blocking(move || f.finish()).await?;
                         }
-                        current = Some(
-                            blocking(move || {
-                                files::UploadFile::create(&h.path, h.mode, h.owner, h.group)
-                            })
-                            .await?,
-                        );
+                        current =
+                            Some(blocking(move || files::UploadFile::create(&h.path, h.mode, h.owner, h.group)).await?);
                     }
                     Some(upload_chunk::Kind::Data(d)) => {
-                        let mut f = current
-                            .take()
-                            .ok_or_else(|| Status::invalid_argument("data before header"))?;
+                        let mut f = current.take().ok_or_else(|| Status::invalid_argument("data before header"))?;
                         current = Some(blocking(move || f.write(&d).map(|_| f)).await?);
                     }
                     None => {}
@@ -153,8 +130,7 @@ impl Agent for AgentService {
     type DownloadStream = Stream<DataChunk>;
     async fn download(&self, req: Request<DownloadRequest>) -> Res<Self::DownloadStream> {
         let r = req.into_inner();
-        let (mut file, mut left) =
-            blocking(move || files::open_for_read(&r.path, r.offset, r.limit)).await?;
+        let (mut file, mut left) = blocking(move || files::open_for_read(&r.path, r.offset, r.limit)).await?;
         let (tx, rx) = mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
             while left > 0 {
@@ -185,12 +161,7 @@ impl Agent for AgentService {
 
     async fn r#move(&self, req: Request<MoveRequest>) -> Res<Empty> {
         let moves = req.into_inner().moves;
-        blocking(move || {
-            moves
-                .iter()
-                .try_for_each(|m| files::rename(&m.src, &m.dest))
-        })
-        .await?;
+        blocking(move || moves.iter().try_for_each(|m| files::rename(&m.src, &m.dest))).await?;
         Ok(Response::new(Empty {}))
     }
 

@@ -33,21 +33,12 @@ fn quote(s: &str) -> String {
 }
 
 fn start_shell(cfg: &AgentConfig, cwd: &str) -> Result<Shell> {
-    let program = if std::path::Path::new("/bin/bash").exists() {
-        "/bin/bash"
-    } else {
-        "/bin/sh"
-    };
+    let program = if std::path::Path::new("/bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
     let mut argv = vec![program.to_string()];
     if program.ends_with("bash") {
         argv.extend(["--noprofile".into(), "--norc".into()]);
     }
-    let spec = SpawnSpec {
-        argv,
-        cwd: cwd.to_string(),
-        stdin_pipe: true,
-        ..Default::default()
-    };
+    let spec = SpawnSpec { argv, cwd: cwd.to_string(), stdin_pipe: true, ..Default::default() };
     let sp = spawn(&spec, cfg)?;
     Ok(Shell {
         pid: sp.pid,
@@ -87,28 +78,15 @@ async fn read_until_marker(
 
 impl Sessions {
     pub fn new(cfg: Arc<AgentConfig>) -> Self {
-        Sessions {
-            cfg,
-            table: Mutex::new(HashMap::new()),
-        }
+        Sessions { cfg, table: Mutex::new(HashMap::new()) }
     }
 
     pub fn create(&self, cwd: &str) -> Result<String> {
-        let cwd = if cwd.is_empty() {
-            self.cfg.workdir().to_string()
-        } else {
-            cwd.to_string()
-        };
+        let cwd = if cwd.is_empty() { self.cfg.workdir().to_string() } else { cwd.to_string() };
         let shell = start_shell(&self.cfg, &cwd)?;
         let id = new_id();
-        let s = Arc::new(Session {
-            cwd,
-            shell: tokio::sync::Mutex::new(Some(shell)),
-        });
-        self.table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), s);
+        let s = Arc::new(Session { cwd, shell: tokio::sync::Mutex::new(Some(shell)) });
+        self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), s);
         Ok(id)
     }
 
@@ -140,14 +118,7 @@ impl Sessions {
     }
 
     /// Runs `command` in the session's shell, streaming like a foreground command.
-    pub async fn run(
-        &self,
-        id: &str,
-        command: &str,
-        cwd: &str,
-        timeout_ms: u64,
-        tx: EventTx,
-    ) -> Result<()> {
+    pub async fn run(&self, id: &str, command: &str, cwd: &str, timeout_ms: u64, tx: EventTx) -> Result<()> {
         let session = self.get(id)?;
         let mut guard = session.shell.lock().await;
         if guard.is_none() {
@@ -156,11 +127,7 @@ impl Sessions {
         let shell = guard.as_mut().expect("set above");
         let started = Instant::now();
         let marker = format!("__PVISOR_SESSION_{}__", new_id());
-        let cd = if cwd.is_empty() {
-            String::new()
-        } else {
-            format!("cd {} && ", quote(cwd))
-        };
+        let cd = if cwd.is_empty() { String::new() } else { format!("cd {} && ", quote(cwd)) };
         let script = format!(
             "{cd}{{\n{command}\n}} </dev/null\nprintf '%s%d\\n' '{marker}' \"$?\"\nprintf '%s\\n' '{marker}' >&2\n"
         );
@@ -169,41 +136,24 @@ impl Sessions {
             *guard = None;
             return Err(AgentError::io("session shell", e));
         }
-        let Shell {
-            stdout,
-            stderr,
-            pid,
-            ..
-        } = shell;
+        let Shell { stdout, stderr, pid, .. } = shell;
         let work = futures::future::join(
             read_until_marker(stdout, &marker, &tx, exec_event::Kind::Stdout),
             read_until_marker(stderr, &marker, &tx, exec_event::Kind::Stderr),
         );
-        let limit = if timeout_ms > 0 {
-            Duration::from_millis(timeout_ms)
-        } else {
-            Duration::MAX
-        };
+        let limit = if timeout_ms > 0 { Duration::from_millis(timeout_ms) } else { Duration::MAX };
         let (code, error, dead) = match tokio::time::timeout(limit, work).await {
             Ok((Some(code), Some(_))) => (code.parse().unwrap_or(-1), String::new(), false),
             Ok(_) => (-1, "session shell exited".to_string(), true),
             Err(_) => {
                 kill_group(*pid);
-                (
-                    137,
-                    format!("command timed out after {timeout_ms} ms"),
-                    true,
-                )
+                (137, format!("command timed out after {timeout_ms} ms"), true)
             }
         };
         if dead {
             *guard = None;
         }
-        let status = ExitStatus {
-            code,
-            error,
-            elapsed_ms: started.elapsed().as_millis() as u64,
-        };
+        let status = ExitStatus { code, error, elapsed_ms: started.elapsed().as_millis() as u64 };
         let _ = tx.send(Ok(event(exec_event::Kind::Exit(status)))).await;
         Ok(())
     }

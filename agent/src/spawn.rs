@@ -28,14 +28,9 @@ impl SpawnSpec {
         } else if !command.is_empty() {
             vec!["/bin/sh".into(), "-c".into(), command.into()]
         } else {
-            return Err(AgentError::InvalidArgument(
-                "command or argv is required".into(),
-            ));
+            return Err(AgentError::InvalidArgument("command or argv is required".into()));
         };
-        Ok(SpawnSpec {
-            argv,
-            ..Default::default()
-        })
+        Ok(SpawnSpec { argv, ..Default::default() })
     }
 }
 
@@ -50,10 +45,7 @@ pub struct Spawned {
 /// Identity a command runs as: request uid/gid, else the image's user, else root.
 fn identity(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Option<(u32, u32)>> {
     if let Some(uid) = spec.uid {
-        let gid = spec
-            .gid
-            .or_else(|| passwd::user_by_uid(uid).map(|u| u.gid))
-            .unwrap_or(uid);
+        let gid = spec.gid.or_else(|| passwd::user_by_uid(uid).map(|u| u.gid)).unwrap_or(uid);
         return Ok(Some((uid, gid)));
     }
     if spec.gid.is_some() {
@@ -68,21 +60,10 @@ fn identity(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Option<(u32, u32)>> {
 }
 
 /// The environment: image env, then HOME/USER of the identity, then request envs.
-fn environment(
-    spec: &SpawnSpec,
-    cfg: &AgentConfig,
-    id: Option<(u32, u32)>,
-) -> BTreeMap<String, String> {
-    let mut env: BTreeMap<String, String> = cfg
-        .env
-        .iter()
-        .filter_map(|kv| {
-            kv.split_once('=')
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-        })
-        .collect();
-    env.entry("PATH".into())
-        .or_insert_with(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> =
+        cfg.env.iter().filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect();
+    env.entry("PATH".into()).or_insert_with(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
     let uid = id.map(|(u, _)| u).unwrap_or(0);
     if let Some(u) = passwd::user_by_uid(uid) {
         env.entry("HOME".into()).or_insert(u.home);
@@ -99,26 +80,16 @@ fn environment(
 pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
     let id = identity(spec, cfg)?;
     let env = environment(spec, cfg, id);
-    let cwd = if spec.cwd.is_empty() {
-        cfg.workdir().to_string()
-    } else {
-        spec.cwd.clone()
-    };
+    let cwd = if spec.cwd.is_empty() { cfg.workdir().to_string() } else { spec.cwd.clone() };
     if !std::path::Path::new(&cwd).is_dir() {
-        return Err(AgentError::InvalidArgument(format!(
-            "working directory {cwd} does not exist"
-        )));
+        return Err(AgentError::InvalidArgument(format!("working directory {cwd} does not exist")));
     }
     let mut cmd = Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
         .env_clear()
         .envs(&env)
         .current_dir(&cwd)
-        .stdin(if spec.stdin_pipe {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        .stdin(if spec.stdin_pipe { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
@@ -127,10 +98,7 @@ pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
     // open/write/close syscalls on a static path.
     unsafe {
         cmd.pre_exec(|| {
-            let fd = libc::open(
-                c"/proc/self/oom_score_adj".as_ptr(),
-                libc::O_WRONLY | libc::O_CLOEXEC,
-            );
+            let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
             if fd >= 0 {
                 libc::write(fd, b"0".as_ptr().cast(), 1);
                 libc::close(fd);
@@ -159,30 +127,17 @@ pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
         let pid = child.id() as i32;
         Ok((child, pid))
     })
-    .map_err(|source| AgentError::Spawn {
-        program: spec.argv[0].clone(),
-        source,
-    })?;
+    .map_err(|source| AgentError::Spawn { program: spec.argv[0].clone(), source })?;
     let pid = child.id() as i32;
     let mut child = child;
-    let to_pipe = |fd: std::os::fd::OwnedFd| {
-        pipe::Receiver::from_owned_fd(fd).map_err(|e| AgentError::io("pipe", e))
-    };
+    let to_pipe = |fd: std::os::fd::OwnedFd| pipe::Receiver::from_owned_fd(fd).map_err(|e| AgentError::io("pipe", e));
     let stdout = to_pipe(child.stdout.take().expect("piped").into())?;
     let stderr = to_pipe(child.stderr.take().expect("piped").into())?;
     let stdin = match child.stdin.take() {
-        Some(s) => {
-            Some(pipe::Sender::from_owned_fd(s.into()).map_err(|e| AgentError::io("pipe", e))?)
-        }
+        Some(s) => Some(pipe::Sender::from_owned_fd(s.into()).map_err(|e| AgentError::io("pipe", e))?),
         None => None,
     };
-    Ok(Spawned {
-        pid,
-        stdin,
-        stdout,
-        stderr,
-        exit,
-    })
+    Ok(Spawned { pid, stdin, stdout, stderr, exit })
 }
 
 /// SIGKILLs the process group `pgid`.

@@ -17,22 +17,16 @@ async fn connect(port: u16) -> std::io::Result<TcpStream> {
 /// Opens the connection named by the first message and pumps bytes both ways
 /// until either side closes.
 pub async fn open(mut inbound: Streaming<TunnelData>, tx: TunnelTx) -> Result<(), Status> {
-    let first = inbound
-        .message()
-        .await?
-        .ok_or_else(|| Status::invalid_argument("tunnel opened without a port"))?;
+    let first = inbound.message().await?.ok_or_else(|| Status::invalid_argument("tunnel opened without a port"))?;
     let port = u16::try_from(first.port)
         .ok()
         .filter(|p| *p != 0)
         .ok_or_else(|| Status::invalid_argument(format!("invalid port {}", first.port)))?;
-    let sock = connect(port)
-        .await
-        .map_err(|e| Status::unavailable(format!("connect to port {port} in the sandbox: {e}")))?;
+    let sock =
+        connect(port).await.map_err(|e| Status::unavailable(format!("connect to port {port} in the sandbox: {e}")))?;
     let (mut rd, mut wr) = sock.into_split();
     if !first.data.is_empty() {
-        wr.write_all(&first.data)
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+        wr.write_all(&first.data).await.map_err(|e| Status::unavailable(e.to_string()))?;
     }
     tokio::spawn(async move {
         while let Ok(Some(m)) = inbound.message().await {
@@ -48,10 +42,7 @@ pub async fn open(mut inbound: Streaming<TunnelData>, tx: TunnelTx) -> Result<()
             match rd.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    let msg = TunnelData {
-                        port: 0,
-                        data: buf[..n].to_vec(),
-                    };
+                    let msg = TunnelData { port: 0, data: buf[..n].to_vec() };
                     if tx.send(Ok(msg)).await.is_err() {
                         break;
                     }

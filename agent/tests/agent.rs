@@ -41,17 +41,11 @@ async fn start() -> Agent {
     let channel = Endpoint::from_static("http://agent")
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
             let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-            }
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
         }))
         .await
         .unwrap();
-    Agent {
-        child,
-        _dir: dir,
-        client: AgentClient::new(channel),
-    }
+    Agent { child, _dir: dir, client: AgentClient::new(channel) }
 }
 
 #[derive(Default, Debug)]
@@ -78,28 +72,19 @@ async fn run(c: &mut AgentClient<Channel>, req: ExecRequest) -> Run {
 }
 
 fn sh(cmd: &str) -> ExecRequest {
-    ExecRequest {
-        command: cmd.into(),
-        ..Default::default()
-    }
+    ExecRequest { command: cmd.into(), ..Default::default() }
 }
 
 #[tokio::test]
 async fn output_order_exit_codes_env_and_cwd() {
     let mut a = start().await;
     let r = run(&mut a.client, sh("seq 1 2000")).await;
-    assert_eq!(
-        r.stdout,
-        (1..=2000).map(|i| i.to_string()).collect::<Vec<_>>()
-    );
+    assert_eq!(r.stdout, (1..=2000).map(|i| i.to_string()).collect::<Vec<_>>());
     assert_eq!(r.exit.as_ref().unwrap().code, 0);
     assert!(!r.id.is_empty());
 
     let r = run(&mut a.client, sh("echo out; echo err >&2; exit 7")).await;
-    assert_eq!(
-        (r.stdout.as_slice(), r.stderr.as_slice()),
-        (&["out".to_string()][..], &["err".to_string()][..])
-    );
+    assert_eq!((r.stdout.as_slice(), r.stderr.as_slice()), (&["out".to_string()][..], &["err".to_string()][..]));
     assert_eq!(r.exit.unwrap().code, 7);
 
     let mut req = sh("echo $IMAGE_VAR $REQ_VAR; pwd");
@@ -107,11 +92,7 @@ async fn output_order_exit_codes_env_and_cwd() {
     let r = run(&mut a.client, req).await;
     assert_eq!(r.stdout, vec!["from-image from-request", "/tmp"]);
 
-    let req = ExecRequest {
-        argv: vec!["/bin/echo".into(), "a b".into()],
-        cwd: "/".into(),
-        ..Default::default()
-    };
+    let req = ExecRequest { argv: vec!["/bin/echo".into(), "a b".into()], cwd: "/".into(), ..Default::default() };
     assert_eq!(run(&mut a.client, req).await.stdout, vec!["a b"]);
 
     let r = run(&mut a.client, sh("printf 'no newline'")).await;
@@ -125,30 +106,14 @@ async fn bad_requests_are_refused_before_running() {
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     let e = a
         .client
-        .exec(ExecRequest {
-            command: "true".into(),
-            cwd: "/no/such/dir".into(),
-            ..Default::default()
-        })
+        .exec(ExecRequest { command: "true".into(), cwd: "/no/such/dir".into(), ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(e.message().contains("/no/such/dir"));
-    let e = a
-        .client
-        .stat(PathsRequest {
-            paths: vec!["/../etc/passwd".into()],
-        })
-        .await
-        .unwrap_err();
+    let e = a.client.stat(PathsRequest { paths: vec!["/../etc/passwd".into()] }).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    let e = a
-        .client
-        .stat(PathsRequest {
-            paths: vec!["/no/such/file".into()],
-        })
-        .await
-        .unwrap_err();
+    let e = a.client.stat(PathsRequest { paths: vec!["/no/such/file".into()] }).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
 }
 
@@ -156,15 +121,7 @@ async fn bad_requests_are_refused_before_running() {
 async fn timeouts_kill_and_leftover_daemons_do_not_hang() {
     let mut a = start().await;
     let t = Instant::now();
-    let r = run(
-        &mut a.client,
-        ExecRequest {
-            command: "sleep 30".into(),
-            timeout_ms: 300,
-            ..Default::default()
-        },
-    )
-    .await;
+    let r = run(&mut a.client, ExecRequest { command: "sleep 30".into(), timeout_ms: 300, ..Default::default() }).await;
     let x = r.exit.unwrap();
     assert_eq!(x.code, 137);
     assert!(x.error.contains("timed out"), "{x:?}");
@@ -173,10 +130,7 @@ async fn timeouts_kill_and_leftover_daemons_do_not_hang() {
     let t = Instant::now();
     let r = run(&mut a.client, sh("sleep 60 & echo started")).await;
     assert_eq!(r.stdout, vec!["started"]);
-    assert!(
-        t.elapsed() < Duration::from_secs(5),
-        "a background child holding the pipe must not block the command"
-    );
+    assert!(t.elapsed() < Duration::from_secs(5), "a background child holding the pipe must not block the command");
 }
 
 #[tokio::test]
@@ -184,26 +138,14 @@ async fn background_status_logs_and_interrupt() {
     let mut a = start().await;
     let r = run(
         &mut a.client,
-        ExecRequest {
-            command: "echo one; echo two >&2; sleep 30".into(),
-            background: true,
-            ..Default::default()
-        },
+        ExecRequest { command: "echo one; echo two >&2; sleep 30".into(), background: true, ..Default::default() },
     )
     .await;
     assert!(r.exit.is_none(), "background commands return after init");
     let id = r.id;
     let deadline = Instant::now() + Duration::from_secs(5);
     let logs = loop {
-        let l = a
-            .client
-            .command_logs(LogsRequest {
-                id: id.clone(),
-                cursor: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let l = a.client.command_logs(LogsRequest { id: id.clone(), cursor: 0 }).await.unwrap().into_inner();
         if l.cursor >= 2 || Instant::now() > deadline {
             break l;
         }
@@ -211,64 +153,30 @@ async fn background_status_logs_and_interrupt() {
     };
     assert_eq!(logs.cursor, 2);
     assert!(logs.text.contains("one\n") && logs.text.contains("two\n"));
-    let tail = a
-        .client
-        .command_logs(LogsRequest {
-            id: id.clone(),
-            cursor: 2,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let tail = a.client.command_logs(LogsRequest { id: id.clone(), cursor: 2 }).await.unwrap().into_inner();
     assert_eq!(tail.text, "");
-    let st = a
-        .client
-        .command_status(CommandRef { id: id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
+    let st = a.client.command_status(CommandRef { id: id.clone() }).await.unwrap().into_inner();
     assert!(st.running && st.exit_code.is_none());
-    a.client
-        .interrupt(CommandRef { id: id.clone() })
-        .await
-        .unwrap();
+    a.client.interrupt(CommandRef { id: id.clone() }).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let st = a
-            .client
-            .command_status(CommandRef { id: id.clone() })
-            .await
-            .unwrap()
-            .into_inner();
+        let st = a.client.command_status(CommandRef { id: id.clone() }).await.unwrap().into_inner();
         if !st.running {
             assert_eq!(st.exit_code, Some(137));
             assert!(st.finished_at_ms.is_some());
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "interrupt did not stop the command"
-        );
+        assert!(Instant::now() < deadline, "interrupt did not stop the command");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let e = a
-        .client
-        .command_status(CommandRef { id: "nope".into() })
-        .await
-        .unwrap_err();
+    let e = a.client.command_status(CommandRef { id: "nope".into() }).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
 }
 
 #[tokio::test]
 async fn sessions_keep_cwd_and_variables() {
     let mut a = start().await;
-    let sid = a
-        .client
-        .create_session(CreateSessionRequest { cwd: "/".into() })
-        .await
-        .unwrap()
-        .into_inner()
-        .id;
+    let sid = a.client.create_session(CreateSessionRequest { cwd: "/".into() }).await.unwrap().into_inner().id;
     let collect = |mut s: tonic::Streaming<ExecEvent>| async move {
         let mut out = Vec::new();
         let mut code = None;
@@ -302,24 +210,11 @@ async fn sessions_keep_cwd_and_variables() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(
-        collect(s).await,
-        (
-            vec!["/tmp".to_string(), "42".to_string(), "tail".to_string()],
-            Some(1)
-        )
-    );
-    a.client
-        .delete_session(SessionRef { id: sid.clone() })
-        .await
-        .unwrap();
+    assert_eq!(collect(s).await, (vec!["/tmp".to_string(), "42".to_string(), "tail".to_string()], Some(1)));
+    a.client.delete_session(SessionRef { id: sid.clone() }).await.unwrap();
     let e = a
         .client
-        .run_in_session(SessionRunRequest {
-            session_id: sid,
-            command: "true".into(),
-            ..Default::default()
-        })
+        .run_in_session(SessionRunRequest { session_id: sid, command: "true".into(), ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
@@ -330,9 +225,7 @@ async fn upload_download_and_file_operations() {
     let mut a = start().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sub/blob.bin").display().to_string();
-    let data: Vec<u8> = (0..3 * 1024 * 1024u32)
-        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-        .collect();
+    let data: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
     let mut msgs = vec![UploadChunk {
         kind: Some(upload_chunk::Kind::Header(UploadHeader {
             path: path.clone(),
@@ -340,20 +233,14 @@ async fn upload_download_and_file_operations() {
             ..Default::default()
         })),
     }];
-    msgs.extend(data.chunks(100_000).map(|c| UploadChunk {
-        kind: Some(upload_chunk::Kind::Data(c.to_vec())),
-    }));
+    msgs.extend(data.chunks(100_000).map(|c| UploadChunk { kind: Some(upload_chunk::Kind::Data(c.to_vec())) }));
     a.client.upload(tokio_stream::iter(msgs)).await.unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), data);
 
     let mut got = Vec::new();
     let mut s = a
         .client
-        .download(DownloadRequest {
-            path: path.clone(),
-            offset: 1000,
-            limit: 5000,
-        })
+        .download(DownloadRequest { path: path.clone(), offset: 1000, limit: 5000 })
         .await
         .unwrap()
         .into_inner();
@@ -362,49 +249,22 @@ async fn upload_download_and_file_operations() {
     }
     assert_eq!(got, data[1000..6000]);
 
-    let info = a
-        .client
-        .stat(PathsRequest {
-            paths: vec![path.clone()],
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .files;
-    assert_eq!(
-        (info[0].size, info[0].mode, info[0].r#type.as_str()),
-        (data.len() as u64, 0o600, "file")
-    );
+    let info = a.client.stat(PathsRequest { paths: vec![path.clone()] }).await.unwrap().into_inner().files;
+    assert_eq!((info[0].size, info[0].mode, info[0].r#type.as_str()), (data.len() as u64, 0o600, "file"));
 
     let root = dir.path().display().to_string();
     let found = a
         .client
-        .search(SearchRequest {
-            path: root.clone(),
-            pattern: "*.bin".into(),
-        })
+        .search(SearchRequest { path: root.clone(), pattern: "*.bin".into() })
         .await
         .unwrap()
         .into_inner()
         .files;
     assert_eq!(found.len(), 1);
     let dest = format!("{root}/moved/blob.bin");
-    a.client
-        .r#move(MoveRequest {
-            moves: vec![MovePair {
-                src: path.clone(),
-                dest: dest.clone(),
-            }],
-        })
-        .await
-        .unwrap();
+    a.client.r#move(MoveRequest { moves: vec![MovePair { src: path.clone(), dest: dest.clone() }] }).await.unwrap();
     assert!(!std::path::Path::new(&path).exists() && std::path::Path::new(&dest).exists());
-    a.client
-        .remove_files(PathsRequest {
-            paths: vec![dest.clone()],
-        })
-        .await
-        .unwrap();
+    a.client.remove_files(PathsRequest { paths: vec![dest.clone()] }).await.unwrap();
     assert!(!std::path::Path::new(&dest).exists());
 }
 
@@ -421,33 +281,14 @@ async fn tunnel_reaches_a_local_port() {
         s.write_all(&buf.to_ascii_uppercase()).await.unwrap();
     });
     let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(TunnelData {
-        port: port as u32,
-        data: b"hello".to_vec(),
-    })
-    .await
-    .unwrap();
-    let mut s = a
-        .client
-        .tunnel(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    tx.send(TunnelData { port: port as u32, data: b"hello".to_vec() }).await.unwrap();
+    let mut s = a.client.tunnel(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
     let m = s.message().await.unwrap().unwrap();
     assert_eq!(m.data, b"HELLO");
     drop(tx);
 
     let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(TunnelData {
-        port: 1,
-        data: vec![],
-    })
-    .await
-    .unwrap();
-    let e = a
-        .client
-        .tunnel(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap_err();
+    tx.send(TunnelData { port: 1, data: vec![] }).await.unwrap();
+    let e = a.client.tunnel(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
 }

@@ -10,11 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(
-    name = "pvisor",
-    version,
-    about = "OpenSandbox-compatible local sandboxes"
-)]
+#[command(name = "pvisor", version, about = "OpenSandbox-compatible local sandboxes")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -92,22 +88,13 @@ enum ImageCmd {
 }
 
 fn store(data_dir: Option<PathBuf>) -> Result<pvisor_images::ImageStore, String> {
-    let dir = data_dir
-        .unwrap_or_else(server::default_data_dir)
-        .join("images");
+    let dir = data_dir.unwrap_or_else(server::default_data_dir).join("images");
     pvisor_images::ImageStore::open(&dir).map_err(|e| e.to_string())
 }
 
 async fn run(cli: Cli) -> Result<i32, String> {
     match cli.cmd {
-        Cmd::Serve {
-            listen,
-            data_dir,
-            worker_bin,
-            agent_bin,
-            allow_no_cgroups,
-            warm_workers,
-        } => {
+        Cmd::Serve { listen, data_dir, worker_bin, agent_bin, allow_no_cgroups, warm_workers } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
                 listen,
@@ -119,47 +106,24 @@ async fn run(cli: Cli) -> Result<i32, String> {
             })
             .await?;
         }
-        Cmd::Image {
-            cmd: ImageCmd::Import { files, data_dir },
-        } => {
+        Cmd::Image { cmd: ImageCmd::Import { files, data_dir } } => {
             let s = store(data_dir)?;
             for f in files {
                 let t = std::time::Instant::now();
                 let imported = s.import(&f).map_err(|e| format!("{}: {e}", f.display()))?;
                 for i in imported {
-                    let names = if i.names.is_empty() {
-                        "<none>".to_string()
-                    } else {
-                        i.names.join(", ")
-                    };
-                    println!(
-                        "imported {names} ({}) in {:.2} s",
-                        i.id,
-                        t.elapsed().as_secs_f64()
-                    );
+                    let names = if i.names.is_empty() { "<none>".to_string() } else { i.names.join(", ") };
+                    println!("imported {names} ({}) in {:.2} s", i.id, t.elapsed().as_secs_f64());
                 }
             }
         }
-        Cmd::Image {
-            cmd: ImageCmd::Ls(s),
-        } => cli::image_ls(&cli::client::Client::new(&s.server)).await?,
-        Cmd::Image {
-            cmd: ImageCmd::Rm {
-                reference,
-                data_dir,
-            },
-        } => {
-            store(data_dir)?
-                .remove(&reference)
-                .map_err(|e| e.to_string())?;
+        Cmd::Image { cmd: ImageCmd::Ls(s) } => cli::image_ls(&cli::client::Client::new(&s.server)).await?,
+        Cmd::Image { cmd: ImageCmd::Rm { reference, data_dir } } => {
+            store(data_dir)?.remove(&reference).map_err(|e| e.to_string())?;
             println!("removed {reference}");
         }
         Cmd::Ps(s) => cli::ps(&cli::client::Client::new(&s.server)).await?,
-        Cmd::Exec {
-            server,
-            id,
-            command,
-        } => {
+        Cmd::Exec { server, id, command } => {
             return cli::exec::exec(&cli::client::Client::new(&server.server), &id, &command).await
         }
         Cmd::Rm { server, ids } => cli::rm(&cli::client::Client::new(&server.server), &ids).await?,
@@ -170,17 +134,10 @@ async fn run(cli: Cli) -> Result<i32, String> {
 fn main() {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
     match rt.block_on(run(cli)) {
         Ok(code) => std::process::exit(code),
         Err(e) => {

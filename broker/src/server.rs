@@ -46,18 +46,13 @@ pub fn default_data_dir() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_DATA_HOME") {
         return PathBuf::from(x).join("pvisor");
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
     home.join(".local/share/pvisor")
 }
 
 /// A sibling binary of the running executable.
 fn sibling(name: &str) -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join(name)))
-        .unwrap_or_else(|| PathBuf::from(name))
+    std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join(name))).unwrap_or_else(|| PathBuf::from(name))
 }
 
 /// True when the ELF file has no program interpreter (statically linked).
@@ -82,16 +77,9 @@ pub fn is_static_elf(path: &Path) -> std::io::Result<bool> {
 
 fn clean_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for e in std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .flatten()
-    {
+    for e in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
         let p = e.path();
-        let _ = if p.is_dir() {
-            std::fs::remove_dir_all(&p)
-        } else {
-            std::fs::remove_file(&p)
-        };
+        let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
     }
     Ok(())
 }
@@ -106,9 +94,7 @@ fn cgroup_prefix(data_dir: &Path) -> String {
         .as_os_str()
         .as_encoded_bytes()
         .iter()
-        .fold(0xcbf29ce484222325u64, |h, b| {
-            (h ^ *b as u64).wrapping_mul(0x100000001b3)
-        });
+        .fold(0xcbf29ce484222325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3));
     format!("pvisor-{:08x}-", h as u32)
 }
 
@@ -116,10 +102,7 @@ fn cgroup_prefix(data_dir: &Path) -> String {
 fn clean_stale_cgroups(layout: &Layout, prefix: &str) {
     let bases: Vec<(Option<String>, PathBuf)> = match layout {
         Layout::V2 { base } => vec![(None, base.clone())],
-        Layout::V1 { bases } => bases
-            .iter()
-            .map(|(c, b)| (Some(c.clone()), b.clone()))
-            .collect(),
+        Layout::V1 { bases } => bases.iter().map(|(c, b)| (Some(c.clone()), b.clone())).collect(),
     };
     let mut stale: std::collections::BTreeMap<String, GroupPaths> = Default::default();
     for (ctrl, base) in bases {
@@ -144,9 +127,7 @@ fn clean_stale_cgroups(layout: &Layout, prefix: &str) {
 }
 
 fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
-    let api_key = std::env::var("PVISOR_API_KEY")
-        .ok()
-        .filter(|k| !k.is_empty());
+    let api_key = std::env::var("PVISOR_API_KEY").ok().filter(|k| !k.is_empty());
     if !o.listen.ip().is_loopback() && api_key.is_none() {
         return Err(format!(
             "refusing to listen on {} without an API key: set PVISOR_API_KEY, or listen on a loopback address",
@@ -157,8 +138,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
     let sandboxes_dir = o.data_dir.join("sandboxes");
     clean_dir(&run_dir)?;
     clean_dir(&sandboxes_dir)?;
-    let images =
-        ImageStore::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
+    let images = ImageStore::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
     let cgroup_prefix = cgroup_prefix(&o.data_dir);
     let cgroups = match Layout::detect() {
         Ok(l) => {
@@ -169,11 +149,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
             tracing::warn!("no cgroups: sandboxes run without resource limits ({e})");
             None
         }
-        Err(e) => {
-            return Err(format!(
-                "{e}; pass --allow-no-cgroups to run without resource limits"
-            ))
-        }
+        Err(e) => return Err(format!("{e}; pass --allow-no-cgroups to run without resource limits")),
     };
     let worker_bin = o
         .worker_bin
@@ -184,10 +160,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         .or_else(|| std::env::var_os("PVISOR_AGENT").map(PathBuf::from))
         .unwrap_or_else(|| sibling("pvisor-agent"));
     if !worker_bin.is_file() {
-        return Err(format!(
-            "worker binary {} not found (use --worker-bin)",
-            worker_bin.display()
-        ));
+        return Err(format!("worker binary {} not found (use --worker-bin)", worker_bin.display()));
     }
     match is_static_elf(&agent_bin) {
         Ok(true) => {}
@@ -197,12 +170,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
                 agent_bin.display()
             ))
         }
-        Err(e) => {
-            return Err(format!(
-                "agent binary {}: {e} (use --agent-bin)",
-                agent_bin.display()
-            ))
-        }
+        Err(e) => return Err(format!("agent binary {}: {e} (use --agent-bin)", agent_bin.display())),
     }
     let ids = IdMap::for_current_user(images.id_shift());
     Ok(Ctx {
@@ -234,9 +202,8 @@ async fn shutdown_signal() {
 
 pub async fn serve(o: ServeOptions) -> Result<(), String> {
     let ctx = Arc::new(build_ctx(o)?);
-    let listener = tokio::net::TcpListener::bind(ctx.listen)
-        .await
-        .map_err(|e| format!("listen on {}: {e}", ctx.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(ctx.listen).await.map_err(|e| format!("listen on {}: {e}", ctx.listen))?;
     expiry::spawn(ctx.clone());
     Pool::refill(ctx.clone());
     tracing::info!(
@@ -255,10 +222,7 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
             tracing::debug!("TCP_NODELAY: {e}");
         }
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())?;
+    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await.map_err(|e| e.to_string())?;
     for e in ctx.registry.list() {
         if let Some(e) = ctx.registry.remove(&e.id) {
             teardown(&e).await;
@@ -283,10 +247,7 @@ mod tests {
 
     #[test]
     fn static_elf_detection() {
-        assert!(
-            !is_static_elf(Path::new("/bin/sh")).unwrap(),
-            "/bin/sh is dynamically linked"
-        );
+        assert!(!is_static_elf(Path::new("/bin/sh")).unwrap(), "/bin/sh is dynamically linked");
         assert!(is_static_elf(Path::new("/etc/passwd")).is_err());
     }
 }

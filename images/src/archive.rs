@@ -89,9 +89,7 @@ impl Archive {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         let mut magic = [0u8; 4];
-        let n = file
-            .read_at(&mut magic, 0)
-            .map_err(|e| Error::io(path, e))?;
+        let n = file.read_at(&mut magic, 0).map_err(|e| Error::io(path, e))?;
         if n >= 2 && (magic[..2] == [0x1f, 0x8b] || (n == 4 && magic == [0x28, 0xb5, 0x2f, 0xfd])) {
             return Err(Error::bad(
                 None,
@@ -101,9 +99,7 @@ impl Archive {
         let budget = Budget::new();
         let reader = BudgetReader::new(&file, budget.clone());
         let mut tar = tar::Archive::new(reader);
-        let mut entries = tar
-            .entries_with_seek()
-            .map_err(|e| Error::bad(None, format!("not a tar archive: {e}")))?;
+        let mut entries = tar.entries_with_seek().map_err(|e| Error::bad(None, format!("not a tar archive: {e}")))?;
         let mut members = HashMap::new();
         let mut links = HashMap::new();
         loop {
@@ -114,14 +110,9 @@ impl Archive {
                 None => break,
                 Some(Ok(e)) => e,
                 Some(Err(e)) if budget.exceeded() => {
-                    return Err(Error::bad(
-                        None,
-                        format!("oversized tar extension header: {e}"),
-                    ))
+                    return Err(Error::bad(None, format!("oversized tar extension header: {e}")))
                 }
-                Some(Err(e)) => {
-                    return Err(Error::bad(None, format!("reading the tar index: {e}")))
-                }
+                Some(Err(e)) => return Err(Error::bad(None, format!("reading the tar index: {e}"))),
             };
             let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
             let size = entry.size();
@@ -141,10 +132,8 @@ impl Archive {
             if kind.is_file() || kind.is_contiguous() {
                 members.insert(name, Member { offset, size });
             } else if kind.is_symlink() || kind.is_hard_link() {
-                let target = entry
-                    .link_name_bytes()
-                    .map(|t| String::from_utf8_lossy(&t).into_owned())
-                    .unwrap_or_default();
+                let target =
+                    entry.link_name_bytes().map(|t| String::from_utf8_lossy(&t).into_owned()).unwrap_or_default();
                 let target = if kind.is_symlink() && !target.starts_with('/') {
                     // Relative to the link's own directory.
                     match name.rsplit_once('/') {
@@ -160,19 +149,13 @@ impl Archive {
         if members.is_empty() {
             return Err(Error::bad(None, "the archive holds no files"));
         }
-        Ok(Archive {
-            path: path.to_path_buf(),
-            file,
-            members,
-            links,
-        })
+        Ok(Archive { path: path.to_path_buf(), file, members, links })
     }
 
     pub(crate) fn format(&self) -> Result<Format> {
         if self.members.contains_key("manifest.json") {
             Ok(Format::Docker)
-        } else if self.members.contains_key("oci-layout") && self.members.contains_key("index.json")
-        {
+        } else if self.members.contains_key("oci-layout") && self.members.contains_key("index.json") {
             Ok(Format::Oci)
         } else {
             Err(Error::bad(
@@ -197,26 +180,17 @@ impl Archive {
     }
 
     pub(crate) fn reader(&self, m: Member) -> MemberReader<'_> {
-        MemberReader {
-            file: &self.file,
-            pos: m.offset,
-            end: m.offset + m.size,
-        }
+        MemberReader { file: &self.file, pos: m.offset, end: m.offset + m.size }
     }
 
     /// Reads a small member (JSON) fully.
     pub(crate) fn read_small(&self, name: &str) -> Result<Vec<u8>> {
         let m = self.member(name)?;
         if m.size > MAX_JSON {
-            return Err(Error::bad(
-                Some(name),
-                format!("{} bytes is too large for a metadata file", m.size),
-            ));
+            return Err(Error::bad(Some(name), format!("{} bytes is too large for a metadata file", m.size)));
         }
         let mut buf = Vec::with_capacity(m.size as usize);
-        self.reader(m)
-            .read_to_end(&mut buf)
-            .map_err(|e| Error::io(&self.path, e))?;
+        self.reader(m).read_to_end(&mut buf).map_err(|e| Error::io(&self.path, e))?;
         Ok(buf)
     }
 }
@@ -237,10 +211,7 @@ impl Read for MemberReader<'_> {
         let want = buf.len().min(left.min(usize::MAX as u64) as usize);
         let n = self.file.read_at(&mut buf[..want], self.pos)?;
         if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "archive file shrank while reading",
-            ));
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "archive file shrank while reading"));
         }
         self.pos += n as u64;
         Ok(n)
@@ -318,11 +289,7 @@ pub(crate) struct HashingReader<R> {
 
 impl<R: Read> HashingReader<R> {
     pub(crate) fn new(inner: R, hash: bool) -> Self {
-        HashingReader {
-            inner,
-            hasher: hash.then(Sha256::new),
-            count: 0,
-        }
+        HashingReader { inner, hasher: hash.then(Sha256::new), count: 0 }
     }
 
     /// Bytes read so far.
@@ -332,9 +299,7 @@ impl<R: Read> HashingReader<R> {
 
     /// `sha256:<hex>` of everything read so far (None when not hashing).
     pub(crate) fn digest(&mut self) -> Option<String> {
-        self.hasher
-            .take()
-            .map(|h| format!("sha256:{}", hex::encode(h.finalize())))
+        self.hasher.take().map(|h| format!("sha256:{}", hex::encode(h.finalize())))
     }
 }
 
@@ -432,18 +397,15 @@ mod tests {
         let mut h = tar::Header::new_gnu();
         h.set_size(5);
         h.set_mode(0o644);
-        b.append_data(&mut h, "aaa/layer.tar", &b"hello"[..])
-            .unwrap();
+        b.append_data(&mut h, "aaa/layer.tar", &b"hello"[..]).unwrap();
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Symlink);
         h.set_size(0);
-        b.append_link(&mut h, "bbb/layer.tar", "../aaa/layer.tar")
-            .unwrap();
+        b.append_link(&mut h, "bbb/layer.tar", "../aaa/layer.tar").unwrap();
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Link);
         h.set_size(0);
-        b.append_link(&mut h, "ccc/layer.tar", "bbb/layer.tar")
-            .unwrap();
+        b.append_link(&mut h, "ccc/layer.tar", "bbb/layer.tar").unwrap();
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Symlink);
         h.set_size(0);
@@ -453,9 +415,7 @@ mod tests {
         let ar = Archive::open(tmp.path()).unwrap();
         for name in ["aaa/layer.tar", "bbb/layer.tar", "./ccc/layer.tar"] {
             let mut s = String::new();
-            ar.reader(ar.member(name).unwrap())
-                .read_to_string(&mut s)
-                .unwrap();
+            ar.reader(ar.member(name).unwrap()).read_to_string(&mut s).unwrap();
             assert_eq!(s, "hello", "{name}");
         }
         assert!(ar.member("loop").is_err());

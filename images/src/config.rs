@@ -78,9 +78,7 @@ mod tests {
 
         let nulls = br#"{"config":{"Entrypoint":null,"Cmd":null,"Env":null,"WorkingDir":null,"User":null},"rootfs":{"diff_ids":null}}"#;
         let p = parse(nulls, "c").unwrap();
-        assert!(
-            p.config.entrypoint.is_empty() && p.config.cmd.is_empty() && p.config.env.is_empty()
-        );
+        assert!(p.config.entrypoint.is_empty() && p.config.cmd.is_empty() && p.config.env.is_empty());
         assert_eq!(p.config.working_dir, "");
         assert!(p.diff_ids.is_empty());
 

@@ -22,9 +22,7 @@ struct ManifestEntry {
 /// The digest a member name encodes, if it follows docker's naming
 /// (`<hex>.json`, `<hex>/layer.tar`'s config sibling, `blobs/sha256/<hex>`).
 fn digest_from_name(name: &str) -> Option<String> {
-    let hex = name
-        .strip_suffix(".json")
-        .or_else(|| name.strip_prefix("blobs/sha256/"))?;
+    let hex = name.strip_suffix(".json").or_else(|| name.strip_prefix("blobs/sha256/"))?;
     (hex.len() == 64 && is_hex(hex)).then(|| format!("sha256:{hex}"))
 }
 
@@ -43,11 +41,7 @@ pub(crate) fn plan(ar: &Archive) -> Result<Vec<ImagePlan>> {
         let id = sha256_digest(&bytes);
         if let Some(expected) = digest_from_name(&config_name) {
             if expected != id {
-                return Err(Error::DigestMismatch {
-                    blob: config_name,
-                    expected,
-                    actual: id,
-                });
+                return Err(Error::DigestMismatch { blob: config_name, expected, actual: id });
             }
         }
         let parsed = config::parse(&bytes, &config_name)?;
@@ -72,23 +66,13 @@ pub(crate) fn plan(ar: &Archive) -> Result<Vec<ImagePlan>> {
             .collect();
         let mut names = Vec::new();
         for tag in entry.repo_tags.unwrap_or_default() {
-            let name = normalize_name(&tag).map_err(|e| {
-                Error::bad(
-                    Some("manifest.json"),
-                    format!("invalid RepoTags entry: {e}"),
-                )
-            })?;
+            let name = normalize_name(&tag)
+                .map_err(|e| Error::bad(Some("manifest.json"), format!("invalid RepoTags entry: {e}")))?;
             if !names.contains(&name) {
                 names.push(name);
             }
         }
-        plans.push(ImagePlan {
-            id,
-            names,
-            config: parsed.config,
-            manifest_digests: Vec::new(),
-            layers,
-        });
+        plans.push(ImagePlan { id, names, config: parsed.config, manifest_digests: Vec::new(), layers });
     }
     Ok(plans)
 }
@@ -100,14 +84,8 @@ mod tests {
     #[test]
     fn digest_names() {
         let hex = "ab".repeat(32);
-        assert_eq!(
-            digest_from_name(&format!("{hex}.json")),
-            Some(format!("sha256:{hex}"))
-        );
-        assert_eq!(
-            digest_from_name(&format!("blobs/sha256/{hex}")),
-            Some(format!("sha256:{hex}"))
-        );
+        assert_eq!(digest_from_name(&format!("{hex}.json")), Some(format!("sha256:{hex}")));
+        assert_eq!(digest_from_name(&format!("blobs/sha256/{hex}")), Some(format!("sha256:{hex}")));
         assert_eq!(digest_from_name("config.json"), None);
         assert_eq!(digest_from_name("blobs/sha256/abc"), None);
     }

@@ -13,10 +13,7 @@ pub enum Error {
 
     /// A short id prefix matches more than one image.
     #[error("ambiguous image reference {reference:?}: matches {} images ({})", .candidates.len(), .candidates.join(", "))]
-    Ambiguous {
-        reference: String,
-        candidates: Vec<String>,
-    },
+    Ambiguous { reference: String, candidates: Vec<String> },
 
     /// The reference is not syntactically valid.
     #[error("invalid image reference {reference:?}: {reason}")]
@@ -24,10 +21,7 @@ pub enum Error {
 
     /// The archive is malformed, incomplete or of an unsupported kind.
     #[error("bad image archive{}: {reason}", EntrySuffix(.entry))]
-    BadArchive {
-        entry: Option<String>,
-        reason: String,
-    },
+    BadArchive { entry: Option<String>, reason: String },
 
     /// An archive entry tries something the store refuses to do
     /// (escape the tree, absurd sizes, ids outside the mapped range, ...).
@@ -36,11 +30,7 @@ pub enum Error {
 
     /// A blob's content does not match the digest it is referenced by.
     #[error("digest mismatch for {blob}: expected {expected}, got {actual}")]
-    DigestMismatch {
-        blob: String,
-        expected: String,
-        actual: String,
-    },
+    DigestMismatch { blob: String, expected: String, actual: String },
 
     /// The store's own metadata is unreadable.
     #[error("corrupt image store metadata {}: {reason}", .path.display())]
@@ -73,24 +63,15 @@ impl fmt::Display for EntrySuffix<'_> {
 
 impl Error {
     pub(crate) fn io(path: impl AsRef<Path>, source: impl Into<io::Error>) -> Self {
-        Error::Io {
-            path: path.as_ref().to_path_buf(),
-            source: source.into(),
-        }
+        Error::Io { path: path.as_ref().to_path_buf(), source: source.into() }
     }
 
     pub(crate) fn bad(entry: Option<&str>, reason: impl Into<String>) -> Self {
-        Error::BadArchive {
-            entry: entry.map(str::to_owned),
-            reason: reason.into(),
-        }
+        Error::BadArchive { entry: entry.map(str::to_owned), reason: reason.into() }
     }
 
     pub(crate) fn unsafe_entry(entry: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Unsafe {
-            entry: entry.into(),
-            reason: reason.into(),
-        }
+        Error::Unsafe { entry: entry.into(), reason: reason.into() }
     }
 }
 

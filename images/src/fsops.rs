@@ -27,12 +27,8 @@ fn open_sub(dir: BorrowedFd<'_>, name: &OsStr) -> nix::Result<OwnedFd> {
 }
 
 fn open_parent(dir: BorrowedFd<'_>) -> nix::Result<OwnedFd> {
-    let fd = openat(
-        Some(dir.as_raw_fd()),
-        "..",
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
+    let fd =
+        openat(Some(dir.as_raw_fd()), "..", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
     // SAFETY: openat just returned this descriptor; nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -40,12 +36,8 @@ fn open_parent(dir: BorrowedFd<'_>) -> nix::Result<OwnedFd> {
 /// Names in a directory (without `.` and `..`).
 pub(crate) fn list_dir(dir: BorrowedFd<'_>) -> nix::Result<Vec<OsString>> {
     // A fresh descriptor: `Dir` takes ownership and its read position is its own.
-    let fd = openat(
-        Some(dir.as_raw_fd()),
-        ".",
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
+    let fd =
+        openat(Some(dir.as_raw_fd()), ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())?;
     let mut d = Dir::from_fd(fd)?;
     let mut names = Vec::new();
     for entry in d.iter() {
@@ -69,9 +61,7 @@ fn make_accessible(parent: BorrowedFd<'_>, name: &OsStr) -> nix::Result<()> {
         return Ok(());
     }
     let st = fstatat(Some(parent.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
-    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR
-        && st.st_mode & 0o700 != 0o700
-    {
+    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR && st.st_mode & 0o700 != 0o700 {
         // Following is fine: it was just seen to be a directory, not a symlink.
         fchmodat(
             Some(parent.as_raw_fd()),
@@ -98,11 +88,7 @@ pub(crate) fn remove_entry(parent: BorrowedFd<'_>, name: &OsStr) -> nix::Result<
     loop {
         let mut subdir = None;
         for child in list_dir(cur.as_fd())? {
-            match unlinkat(
-                Some(cur.as_raw_fd()),
-                child.as_os_str(),
-                UnlinkatFlags::NoRemoveDir,
-            ) {
+            match unlinkat(Some(cur.as_raw_fd()), child.as_os_str(), UnlinkatFlags::NoRemoveDir) {
                 Ok(()) | Err(Errno::ENOENT) => {}
                 Err(Errno::EISDIR) => {
                     if subdir.is_none() {
@@ -121,11 +107,7 @@ pub(crate) fn remove_entry(parent: BorrowedFd<'_>, name: &OsStr) -> nix::Result<
         match stack.pop() {
             Some(child) => {
                 let up = open_parent(cur.as_fd())?;
-                match unlinkat(
-                    Some(up.as_raw_fd()),
-                    child.as_os_str(),
-                    UnlinkatFlags::RemoveDir,
-                ) {
+                match unlinkat(Some(up.as_raw_fd()), child.as_os_str(), UnlinkatFlags::RemoveDir) {
                     Ok(()) | Err(Errno::ENOENT) => {}
                     Err(e) => return Err(e),
                 }
@@ -144,10 +126,7 @@ pub(crate) fn remove_entry(parent: BorrowedFd<'_>, name: &OsStr) -> nix::Result<
 
 /// Removes a path (file or directory tree) without following symlinks.
 pub(crate) fn remove_all(path: &Path) -> io::Result<()> {
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let Some(name) = path.file_name() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "no file name"));
     };
@@ -163,11 +142,7 @@ pub(crate) fn tree_size(dir: BorrowedFd<'_>) -> nix::Result<u64> {
     let mut scan = |d: BorrowedFd<'_>| -> nix::Result<Vec<OsString>> {
         let mut subdirs = Vec::new();
         for name in list_dir(d)? {
-            let st = fstatat(
-                Some(d.as_raw_fd()),
-                name.as_os_str(),
-                AtFlags::AT_SYMLINK_NOFOLLOW,
-            )?;
+            let st = fstatat(Some(d.as_raw_fd()), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)?;
             let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
             if kind == SFlag::S_IFDIR {
                 subdirs.push(name);

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{
-    fchmod, fchmodat, fstatat, futimens, makedev, mkdirat, mknodat, utimensat, FchmodatFlags,
-    FileStat, Mode, SFlag, UtimensatFlags,
+    fchmod, fchmodat, fstatat, futimens, makedev, mkdirat, mknodat, utimensat, FchmodatFlags, FileStat, Mode, SFlag,
+    UtimensatFlags,
 };
 use nix::sys::time::TimeSpec;
 use nix::unistd::{fchown, fchownat, linkat, symlinkat, Gid, Uid};
@@ -82,12 +82,9 @@ impl Ctx<'_> {
         match e {
             Errno::EXDEV => self.unsafe_(format!("{op}: path resolution left the image tree")),
             Errno::ELOOP => self.bad(format!("{op}: too many levels of symbolic links")),
-            Errno::ENOTDIR
-            | Errno::EISDIR
-            | Errno::ENAMETOOLONG
-            | Errno::EEXIST
-            | Errno::EMLINK
-            | Errno::EINVAL => self.bad(format!("{op}: {}", e.desc())),
+            Errno::ENOTDIR | Errno::EISDIR | Errno::ENAMETOOLONG | Errno::EEXIST | Errno::EMLINK | Errno::EINVAL => {
+                self.bad(format!("{op}: {}", e.desc()))
+            }
             _ => Error::io(
                 tree.join(self.entry.trim_start_matches('/')),
                 io::Error::other(format!("{op} (layer {}): {}", self.layer, e.desc())),
@@ -114,15 +111,9 @@ impl TreeBuilder {
         let dir = File::open(path).map_err(|e| Error::io(path, e))?;
         let root = OwnedFd::from(dir);
         if let Some(s) = shift {
-            fchown(
-                root.as_raw_fd(),
-                Some(Uid::from_raw(s)),
-                Some(Gid::from_raw(s)),
-            )
-            .map_err(|e| Error::io(path, e))?;
+            fchown(root.as_raw_fd(), Some(Uid::from_raw(s)), Some(Gid::from_raw(s))).map_err(|e| Error::io(path, e))?;
         }
-        fchmod(root.as_raw_fd(), Mode::from_bits_truncate(0o755))
-            .map_err(|e| Error::io(path, e))?;
+        fchmod(root.as_raw_fd(), Mode::from_bits_truncate(0o755)).map_err(|e| Error::io(path, e))?;
         Ok(TreeBuilder {
             path: path.to_path_buf(),
             root,
@@ -137,17 +128,10 @@ impl TreeBuilder {
     ///
     /// `plain_size` is the stream's total size when known (uncompressed
     /// blobs), used to refuse entries claiming more data than there is.
-    pub(crate) fn apply_layer<R: Read>(
-        &mut self,
-        reader: R,
-        layer: &str,
-        plain_size: Option<u64>,
-    ) -> Result<()> {
+    pub(crate) fn apply_layer<R: Read>(&mut self, reader: R, layer: &str, plain_size: Option<u64>) -> Result<()> {
         let budget = Budget::new();
         let mut archive = tar::Archive::new(BudgetReader::new(reader, budget.clone()));
-        let mut entries = archive
-            .entries()
-            .map_err(|e| Error::bad(None, format!("layer {layer}: {e}")))?;
+        let mut entries = archive.entries().map_err(|e| Error::bad(None, format!("layer {layer}: {e}")))?;
         // Paths (and their parents) created or kept by this layer: an opaque
         // marker removes everything else in its directory.
         let mut touched: HashSet<PathBuf> = HashSet::new();
@@ -168,10 +152,7 @@ impl TreeBuilder {
             };
             let raw_path = entry.path_bytes().into_owned();
             let name = String::from_utf8_lossy(&raw_path).into_owned();
-            let ctx = Ctx {
-                entry: &name,
-                layer,
-            };
+            let ctx = Ctx { entry: &name, layer };
             self.apply_entry(&mut entry, &raw_path, &ctx, plain_size, &mut touched)?;
         }
         Ok(())
@@ -187,9 +168,7 @@ impl TreeBuilder {
     ) -> Result<()> {
         let size = entry.size();
         if size > MAX_ENTRY_SIZE {
-            return Err(ctx.unsafe_(format!(
-                "declared size {size} exceeds the {MAX_ENTRY_SIZE}-byte limit"
-            )));
+            return Err(ctx.unsafe_(format!("declared size {size} exceeds the {MAX_ENTRY_SIZE}-byte limit")));
         }
         if let Some(total) = plain_size {
             // Sparse entries store less than their size; check what is stored.
@@ -200,9 +179,7 @@ impl TreeBuilder {
             };
             let end = entry.raw_file_position().checked_add(stored);
             if !matches!(end, Some(end) if end <= total) {
-                return Err(ctx.unsafe_(format!(
-                    "declared size {size} exceeds the remaining layer data"
-                )));
+                return Err(ctx.unsafe_(format!("declared size {size} exceeds the remaining layer data")));
             }
         }
         let comps = safepath::clean(raw_path).map_err(|r| ctx.unsafe_(r))?;
@@ -264,14 +241,8 @@ impl TreeBuilder {
                 mark_touched(touched, &comps);
                 self.make_node(&comps, kind, entry, meta, ctx)?;
             }
-            EntryType::XGlobalHeader
-            | EntryType::XHeader
-            | EntryType::GNULongName
-            | EntryType::GNULongLink => {}
-            other => tracing::warn!(
-                entry = ctx.entry,
-                "skipping unsupported tar entry type {other:?}"
-            ),
+            EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink => {}
+            other => tracing::warn!(entry = ctx.entry, "skipping unsupported tar entry type {other:?}"),
         }
         drain_special(entry, ctx)
     }
@@ -291,13 +262,8 @@ impl TreeBuilder {
         let tree = self.path.clone();
         let mut on_create = |dir: BorrowedFd<'_>, name: &OsStr| -> Result<()> {
             // Implicit directories: root-owned 0755, as container runtimes do.
-            fchmodat(
-                Some(dir.as_raw_fd()),
-                name,
-                Mode::from_bits_truncate(0o755),
-                FchmodatFlags::FollowSymlink,
-            )
-            .map_err(|e| ctx.sys("chmod", &tree, e))?;
+            fchmodat(Some(dir.as_raw_fd()), name, Mode::from_bits_truncate(0o755), FchmodatFlags::FollowSymlink)
+                .map_err(|e| ctx.sys("chmod", &tree, e))?;
             if let Some(s) = shift {
                 fchownat(
                     Some(dir.as_raw_fd()),
@@ -317,15 +283,8 @@ impl TreeBuilder {
     }
 
     /// Removes whatever is at `name` so something new can be created there.
-    fn clear(
-        &mut self,
-        parent: BorrowedFd<'_>,
-        name: &OsStr,
-        comps: &[OsString],
-        ctx: &Ctx<'_>,
-    ) -> Result<()> {
-        fsops::remove_entry(parent, name)
-            .map_err(|e| ctx.sys("removing the previous entry", &self.path, e))?;
+    fn clear(&mut self, parent: BorrowedFd<'_>, name: &OsStr, comps: &[OsString], ctx: &Ctx<'_>) -> Result<()> {
+        fsops::remove_entry(parent, name).map_err(|e| ctx.sys("removing the previous entry", &self.path, e))?;
         self.forget_dirs(&path_of(comps));
         Ok(())
     }
@@ -349,27 +308,17 @@ impl TreeBuilder {
             return Ok(None);
         };
         if meta.uid >= ID_RANGE || meta.gid >= ID_RANGE {
-            return Err(ctx.unsafe_(format!(
-                "owner {}:{} is outside the mappable id range 0..{ID_RANGE}",
-                meta.uid, meta.gid
-            )));
+            return Err(
+                ctx.unsafe_(format!("owner {}:{} is outside the mappable id range 0..{ID_RANGE}", meta.uid, meta.gid))
+            );
         }
-        Ok(Some((
-            Uid::from_raw(meta.uid as u32 + shift),
-            Gid::from_raw(meta.gid as u32 + shift),
-        )))
+        Ok(Some((Uid::from_raw(meta.uid as u32 + shift), Gid::from_raw(meta.gid as u32 + shift))))
     }
 
     fn chown_at(&self, dir: BorrowedFd<'_>, name: &OsStr, meta: Meta, ctx: &Ctx<'_>) -> Result<()> {
         if let Some((uid, gid)) = self.owner(meta, ctx)? {
-            fchownat(
-                Some(dir.as_raw_fd()),
-                name,
-                Some(uid),
-                Some(gid),
-                AtFlags::AT_SYMLINK_NOFOLLOW,
-            )
-            .map_err(|e| ctx.sys("chown", &self.path, e))?;
+            fchownat(Some(dir.as_raw_fd()), name, Some(uid), Some(gid), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| ctx.sys("chown", &self.path, e))?;
         }
         Ok(())
     }
@@ -378,24 +327,13 @@ impl TreeBuilder {
         let Some(name) = comps.last() else {
             // The tree root itself.
             if let Some((uid, gid)) = self.owner(meta, ctx)? {
-                fchown(self.root.as_raw_fd(), Some(uid), Some(gid))
-                    .map_err(|e| ctx.sys("chown", &self.path, e))?;
+                fchown(self.root.as_raw_fd(), Some(uid), Some(gid)).map_err(|e| ctx.sys("chown", &self.path, e))?;
             }
-            self.dirs.insert(
-                PathBuf::new(),
-                DirMeta {
-                    mode: meta.mode,
-                    mtime: meta.mtime,
-                },
-            );
+            self.dirs.insert(PathBuf::new(), DirMeta { mode: meta.mode, mtime: meta.mtime });
             return Ok(());
         };
         let parent = self.parent(comps, ctx)?;
-        match fstatat(
-            Some(parent.as_raw_fd()),
-            name.as_os_str(),
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        ) {
+        match fstatat(Some(parent.as_raw_fd()), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) if kind_of(&st) == SFlag::S_IFDIR => {}
             Ok(_) => {
                 self.clear(parent.as_fd(), name, comps, ctx)?;
@@ -405,24 +343,14 @@ impl TreeBuilder {
             Err(e) => return Err(ctx.sys("stat", &self.path, e)),
         }
         self.chown_at(parent.as_fd(), name, meta, ctx)?;
-        self.dirs.insert(
-            path_of(comps),
-            DirMeta {
-                mode: meta.mode,
-                mtime: meta.mtime,
-            },
-        );
+        self.dirs.insert(path_of(comps), DirMeta { mode: meta.mode, mtime: meta.mtime });
         Ok(())
     }
 
     fn mkdir(&self, parent: BorrowedFd<'_>, name: &OsStr, ctx: &Ctx<'_>) -> Result<()> {
         // Owner-writable until the deferred metadata pass.
-        mkdirat(
-            Some(parent.as_raw_fd()),
-            name,
-            Mode::from_bits_truncate(0o700),
-        )
-        .map_err(|e| ctx.sys("mkdir", &self.path, e))
+        mkdirat(Some(parent.as_raw_fd()), name, Mode::from_bits_truncate(0o700))
+            .map_err(|e| ctx.sys("mkdir", &self.path, e))
     }
 
     fn make_file<R: Read>(
@@ -455,54 +383,35 @@ impl TreeBuilder {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(ctx.bad(format!("reading file data: {e}"))),
             };
-            file.write_all(&self.buf[..n])
-                .map_err(|e| Error::io(self.path.join(path_of(comps)), e))?;
+            file.write_all(&self.buf[..n]).map_err(|e| Error::io(self.path.join(path_of(comps)), e))?;
             written += n as u64;
         }
         if written != expected {
             return Err(ctx.bad(format!("truncated: {written} of {expected} bytes")));
         }
         if let Some((uid, gid)) = self.owner(meta, ctx)? {
-            fchown(file.as_raw_fd(), Some(uid), Some(gid))
-                .map_err(|e| ctx.sys("chown", &self.path, e))?;
+            fchown(file.as_raw_fd(), Some(uid), Some(gid)).map_err(|e| ctx.sys("chown", &self.path, e))?;
         }
         // After chown, which clears setuid/setgid.
-        fchmod(file.as_raw_fd(), Mode::from_bits_truncate(meta.mode))
-            .map_err(|e| ctx.sys("chmod", &self.path, e))?;
+        fchmod(file.as_raw_fd(), Mode::from_bits_truncate(meta.mode)).map_err(|e| ctx.sys("chmod", &self.path, e))?;
         let t = timespec(meta.mtime);
         futimens(file.as_raw_fd(), &t, &t).map_err(|e| ctx.sys("set mtime", &self.path, e))?;
         Ok(())
     }
 
-    fn make_symlink(
-        &mut self,
-        comps: &[OsString],
-        target: &[u8],
-        meta: Meta,
-        ctx: &Ctx<'_>,
-    ) -> Result<()> {
+    fn make_symlink(&mut self, comps: &[OsString], target: &[u8], meta: Meta, ctx: &Ctx<'_>) -> Result<()> {
         let Some(name) = comps.last() else {
             return Err(ctx.bad("a symlink cannot replace the image root"));
         };
         let parent = self.parent(comps, ctx)?;
         self.clear(parent.as_fd(), name, comps, ctx)?;
         // The target is stored verbatim: it is only ever resolved inside the tree.
-        symlinkat(
-            OsStr::from_bytes(target),
-            Some(parent.as_raw_fd()),
-            name.as_os_str(),
-        )
-        .map_err(|e| ctx.sys("symlink", &self.path, e))?;
+        symlinkat(OsStr::from_bytes(target), Some(parent.as_raw_fd()), name.as_os_str())
+            .map_err(|e| ctx.sys("symlink", &self.path, e))?;
         self.chown_at(parent.as_fd(), name, meta, ctx)?;
         let t = timespec(meta.mtime);
-        utimensat(
-            Some(parent.as_raw_fd()),
-            name.as_os_str(),
-            &t,
-            &t,
-            UtimensatFlags::NoFollowSymlink,
-        )
-        .map_err(|e| ctx.sys("set mtime", &self.path, e))?;
+        utimensat(Some(parent.as_raw_fd()), name.as_os_str(), &t, &t, UtimensatFlags::NoFollowSymlink)
+            .map_err(|e| ctx.sys("set mtime", &self.path, e))?;
         Ok(())
     }
 
@@ -510,28 +419,18 @@ impl TreeBuilder {
         let Some(name) = comps.last() else {
             return Err(ctx.bad("a hardlink cannot replace the image root"));
         };
-        let tcomps =
-            safepath::clean(target).map_err(|r| ctx.unsafe_(format!("hardlink target: {r}")))?;
+        let tcomps = safepath::clean(target).map_err(|r| ctx.unsafe_(format!("hardlink target: {r}")))?;
         let Some(tname) = tcomps.last() else {
             return Err(ctx.unsafe_("hardlink to the image root"));
         };
         let shown = String::from_utf8_lossy(target);
-        let missing = || {
-            ctx.unsafe_(format!(
-                "hardlink target {shown:?} does not exist in the image"
-            ))
+        let missing = || ctx.unsafe_(format!("hardlink target {shown:?} does not exist in the image"));
+        let tparent = match safepath::open_dir(self.root(), &safepath::join(&tcomps[..tcomps.len() - 1])) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT | Errno::ENOTDIR) => return Err(missing()),
+            Err(e) => return Err(ctx.sys("resolving the hardlink target", &self.path, e)),
         };
-        let tparent =
-            match safepath::open_dir(self.root(), &safepath::join(&tcomps[..tcomps.len() - 1])) {
-                Ok(fd) => fd,
-                Err(Errno::ENOENT | Errno::ENOTDIR) => return Err(missing()),
-                Err(e) => return Err(ctx.sys("resolving the hardlink target", &self.path, e)),
-            };
-        let tstat = match fstatat(
-            Some(tparent.as_raw_fd()),
-            tname.as_os_str(),
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        ) {
+        let tstat = match fstatat(Some(tparent.as_raw_fd()), tname.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,
             Err(Errno::ENOENT) => return Err(missing()),
             Err(e) => return Err(ctx.sys("stat of the hardlink target", &self.path, e)),
@@ -540,11 +439,7 @@ impl TreeBuilder {
             return Err(ctx.unsafe_(format!("hardlink target {shown:?} is a directory")));
         }
         let parent = self.parent(comps, ctx)?;
-        if let Ok(st) = fstatat(
-            Some(parent.as_raw_fd()),
-            name.as_os_str(),
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        ) {
+        if let Ok(st) = fstatat(Some(parent.as_raw_fd()), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
             if st.st_dev == tstat.st_dev && st.st_ino == tstat.st_ino {
                 return Ok(()); // already that very file
             }
@@ -595,10 +490,7 @@ impl TreeBuilder {
             Ok(()) => {}
             // Root without CAP_MKNOD (e.g. inside a user namespace): same as non-root.
             Err(Errno::EPERM) if sflag != SFlag::S_IFIFO => {
-                tracing::warn!(
-                    entry = ctx.entry,
-                    "mknod not permitted: skipping device node"
-                );
+                tracing::warn!(entry = ctx.entry, "mknod not permitted: skipping device node");
                 return Ok(());
             }
             Err(e) => return Err(ctx.sys("mknod", &self.path, e)),
@@ -613,14 +505,8 @@ impl TreeBuilder {
         )
         .map_err(|e| ctx.sys("chmod", &self.path, e))?;
         let t = timespec(meta.mtime);
-        utimensat(
-            Some(parent.as_raw_fd()),
-            name.as_os_str(),
-            &t,
-            &t,
-            UtimensatFlags::NoFollowSymlink,
-        )
-        .map_err(|e| ctx.sys("set mtime", &self.path, e))
+        utimensat(Some(parent.as_raw_fd()), name.as_os_str(), &t, &t, UtimensatFlags::NoFollowSymlink)
+            .map_err(|e| ctx.sys("set mtime", &self.path, e))
     }
 
     /// `.wh.<name>`: delete `<name>` (recursively) in `parent`.
@@ -630,8 +516,7 @@ impl TreeBuilder {
             Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(()), // nothing to hide
             Err(e) => return Err(ctx.sys("resolving a whiteout", &self.path, e)),
         };
-        fsops::remove_entry(dir.as_fd(), target)
-            .map_err(|e| ctx.sys("applying a whiteout", &self.path, e))?;
+        fsops::remove_entry(dir.as_fd(), target).map_err(|e| ctx.sys("applying a whiteout", &self.path, e))?;
         let mut gone = path_of(parent);
         gone.push(target);
         self.forget_dirs(&gone);
@@ -639,36 +524,22 @@ impl TreeBuilder {
     }
 
     /// `.wh..wh..opq`: remove everything in `dir` that this layer did not create.
-    fn opaque(
-        &mut self,
-        dir: &[OsString],
-        touched: &HashSet<PathBuf>,
-        ctx: &Ctx<'_>,
-    ) -> Result<()> {
+    fn opaque(&mut self, dir: &[OsString], touched: &HashSet<PathBuf>, ctx: &Ctx<'_>) -> Result<()> {
         // The directory exists in this layer, even if no entry said so.
         self.ensure(dir, ctx)?;
         let mut stack = vec![path_of(dir)];
         while let Some(rel) = stack.pop() {
-            let fd = match safepath::open_in_root(
-                self.root(),
-                rel.as_os_str(),
-                OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-            ) {
+            let fd = match safepath::open_in_root(self.root(), rel.as_os_str(), OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
                 Ok(fd) => fd,
                 Err(Errno::ENOENT | Errno::ENOTDIR) => continue,
                 Err(e) => return Err(ctx.sys("opening an opaque directory", &self.path, e)),
             };
-            let names =
-                fsops::list_dir(fd.as_fd()).map_err(|e| ctx.sys("listing", &self.path, e))?;
+            let names = fsops::list_dir(fd.as_fd()).map_err(|e| ctx.sys("listing", &self.path, e))?;
             for child in names {
                 let child_rel = rel.join(&child);
                 if touched.contains(&child_rel) {
-                    let st = fstatat(
-                        Some(fd.as_raw_fd()),
-                        child.as_os_str(),
-                        AtFlags::AT_SYMLINK_NOFOLLOW,
-                    )
-                    .map_err(|e| ctx.sys("stat", &self.path, e))?;
+                    let st = fstatat(Some(fd.as_raw_fd()), child.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                        .map_err(|e| ctx.sys("stat", &self.path, e))?;
                     if kind_of(&st) == SFlag::S_IFDIR {
                         stack.push(child_rel);
                     }
@@ -714,12 +585,9 @@ fn mark_touched(touched: &mut HashSet<PathBuf>, comps: &[OsString]) {
 /// Reads (and discards) the data of a non-file entry, refusing large amounts.
 fn drain_special<R: Read>(entry: &mut tar::Entry<'_, R>, ctx: &Ctx<'_>) -> Result<()> {
     let mut limited = entry.take(MAX_SPECIAL_DATA + 1);
-    let n = io::copy(&mut limited, &mut io::sink())
-        .map_err(|e| ctx.bad(format!("reading entry data: {e}")))?;
+    let n = io::copy(&mut limited, &mut io::sink()).map_err(|e| ctx.bad(format!("reading entry data: {e}")))?;
     if n > MAX_SPECIAL_DATA {
-        return Err(ctx.unsafe_(format!(
-            "non-file entry carries over {MAX_SPECIAL_DATA} bytes of data"
-        )));
+        return Err(ctx.unsafe_(format!("non-file entry carries over {MAX_SPECIAL_DATA} bytes of data")));
     }
     Ok(())
 }
@@ -737,11 +605,8 @@ fn entry_meta<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Meta> {
     if let Some(exts) = entry.pax_extensions()? {
         for ext in exts.flatten() {
             if ext.key() == Ok("mtime") {
-                if let Some(secs) = ext
-                    .value()
-                    .ok()
-                    .and_then(|v| v.split('.').next())
-                    .and_then(|s| s.parse::<i64>().ok())
+                if let Some(secs) =
+                    ext.value().ok().and_then(|v| v.split('.').next()).and_then(|s| s.parse::<i64>().ok())
                 {
                     meta.mtime = secs;
                 }

@@ -93,9 +93,7 @@ pub struct Options {
 impl Options {
     /// [`DEFAULT_ID_SHIFT`] when running as root, None otherwise.
     pub fn detect() -> Options {
-        Options {
-            id_shift: nix::unistd::geteuid().is_root().then_some(DEFAULT_ID_SHIFT),
-        }
+        Options { id_shift: nix::unistd::geteuid().is_root().then_some(DEFAULT_ID_SHIFT) }
     }
 }
 
@@ -126,9 +124,7 @@ impl ImageStore {
     pub fn open_with(root: &Path, options: Options) -> Result<Self> {
         if let Some(s) = options.id_shift {
             if s.checked_add(ID_RANGE).is_none() {
-                return Err(Error::Options(format!(
-                    "id_shift {s} leaves no room for {ID_RANGE} ids"
-                )));
+                return Err(Error::Options(format!("id_shift {s} leaves no room for {ID_RANGE} ids")));
             }
         }
         Ok(ImageStore {
@@ -218,9 +214,7 @@ impl ImageStore {
         };
         let id = match by_name {
             Some(name) => {
-                let id = names
-                    .remove(&name)
-                    .ok_or_else(|| Error::NotFound(reference.to_owned()))?;
+                let id = names.remove(&name).ok_or_else(|| Error::NotFound(reference.to_owned()))?;
                 if names.values().any(|v| *v == id) {
                     self.store.save_names(&names)?;
                     return Ok(());
@@ -317,16 +311,9 @@ impl ImageStore {
     }
 
     fn record(&self, id: &str, names: &BTreeMap<String, String>) -> Result<ImageRecord> {
-        let meta = self
-            .store
-            .read_image(id)?
-            .ok_or_else(|| Error::NotFound(id.to_owned()))?;
+        let meta = self.store.read_image(id)?.ok_or_else(|| Error::NotFound(id.to_owned()))?;
         Ok(ImageRecord {
-            names: names
-                .iter()
-                .filter(|(_, v)| **v == meta.id)
-                .map(|(k, _)| k.clone())
-                .collect(),
+            names: names.iter().filter(|(_, v)| **v == meta.id).map(|(k, _)| k.clone()).collect(),
             id: meta.id,
             config: meta.config,
             size_bytes: meta.size_bytes,
@@ -358,19 +345,11 @@ impl ImageStore {
                     return Ok(id);
                 }
                 let want = format!("sha256:{prefix}");
-                let matches: Vec<String> = self
-                    .store
-                    .ids()?
-                    .into_iter()
-                    .filter(|id| id.starts_with(&want))
-                    .collect();
+                let matches: Vec<String> = self.store.ids()?.into_iter().filter(|id| id.starts_with(&want)).collect();
                 match matches.len() {
                     0 => Err(not_found()),
                     1 => Ok(matches.into_iter().next().unwrap_or_default()),
-                    _ => Err(Error::Ambiguous {
-                        reference: reference.to_owned(),
-                        candidates: matches,
-                    }),
+                    _ => Err(Error::Ambiguous { reference: reference.to_owned(), candidates: matches }),
                 }
             }
         }
@@ -401,12 +380,7 @@ fn merge_plans(plans: Vec<ImagePlan>) -> Vec<ImagePlan> {
 }
 
 /// Streams one layer blob into the tree and verifies its digest.
-fn apply_layer(
-    ar: &Archive,
-    tree: &mut layer::TreeBuilder,
-    layer: &LayerPlan,
-    index: usize,
-) -> Result<()> {
+fn apply_layer(ar: &Archive, tree: &mut layer::TreeBuilder, layer: &LayerPlan, index: usize) -> Result<()> {
     let member = ar.member(&layer.member)?;
     let label = format!("{index} ({})", layer.member);
     let io_err = |e: io::Error| Error::bad(Some(&layer.member), format!("reading layer: {e}"));
@@ -415,10 +389,7 @@ fn apply_layer(
             if member.size != *size {
                 return Err(Error::bad(
                     Some(&layer.member),
-                    format!(
-                        "blob is {} bytes but its descriptor says {size}",
-                        member.size
-                    ),
+                    format!("blob is {} bytes but its descriptor says {size}", member.size),
                 ));
             }
             (true, false)
@@ -437,10 +408,7 @@ fn apply_layer(
         let start = plain.count();
         io::copy(&mut (&mut plain).take(MAX_TRAILING + 1), &mut io::sink()).map_err(io_err)?;
         if plain.count() - start > MAX_TRAILING {
-            return Err(Error::bad(
-                Some(&layer.member),
-                "unexpected data after the end of the layer tar",
-            ));
+            return Err(Error::bad(Some(&layer.member), "unexpected data after the end of the layer tar"));
         }
         plain.digest()
     };
@@ -451,11 +419,7 @@ fn apply_layer(
     };
     let actual = actual.unwrap_or_default();
     if actual != expected {
-        return Err(Error::DigestMismatch {
-            blob: layer.member.clone(),
-            expected,
-            actual,
-        });
+        return Err(Error::DigestMismatch { blob: layer.member.clone(), expected, actual });
     }
     Ok(())
 }
@@ -474,12 +438,7 @@ mod tests {
     #[test]
     fn absurd_shift_refused() {
         let tmp = std::env::temp_dir().join(format!("pvisor-images-shift-{}", std::process::id()));
-        let r = ImageStore::open_with(
-            &tmp,
-            Options {
-                id_shift: Some(u32::MAX - 10),
-            },
-        );
+        let r = ImageStore::open_with(&tmp, Options { id_shift: Some(u32::MAX - 10) });
         assert!(matches!(r, Err(Error::Options(_))));
     }
 
@@ -501,33 +460,18 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let layer = tar_of(&[("hello", b"world".to_vec())]);
         let diff_id = archive::sha256_digest(&layer);
-        let config =
-            serde_json::to_vec(&serde_json::json!({"rootfs": {"diff_ids": [diff_id]}})).unwrap();
+        let config = serde_json::to_vec(&serde_json::json!({"rootfs": {"diff_ids": [diff_id]}})).unwrap();
         let manifest = br#"[{"Config":"c.json","RepoTags":["v:1"],"Layers":["l.tar"]}]"#.to_vec();
         let path = tmp.path().join("a.tar");
-        std::fs::write(
-            &path,
-            tar_of(&[
-                ("manifest.json", manifest),
-                ("c.json", config),
-                ("l.tar", layer),
-            ]),
-        )
-        .unwrap();
+        std::fs::write(&path, tar_of(&[("manifest.json", manifest), ("c.json", config), ("l.tar", layer)])).unwrap();
 
         let store = ImageStore::open_with(&tmp.path().join("store"), Options::default()).unwrap();
         let ar = Archive::open(&path).unwrap();
         let plan = docker::plan(&ar).unwrap().remove(0);
         let lock = store.store.lock().unwrap();
-        assert!(store
-            .publish(&ar, plan.clone(), None, &lock)
-            .unwrap()
-            .is_none());
+        assert!(store.publish(&ar, plan.clone(), None, &lock).unwrap().is_none());
         drop(lock);
         let rec = store.resolve(&plan.id).unwrap();
-        assert_eq!(
-            std::fs::read(store.rootfs(&rec).join("hello")).unwrap(),
-            b"world"
-        );
+        assert_eq!(std::fs::read(store.rootfs(&rec).join("hello")).unwrap(), b"world");
     }
 }

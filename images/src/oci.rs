@@ -20,10 +20,8 @@ const MT_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MT_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 const MT_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const MT_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-const CONFIG_TYPES: [&str; 2] = [
-    "application/vnd.oci.image.config.v1+json",
-    "application/vnd.docker.container.image.v1+json",
-];
+const CONFIG_TYPES: [&str; 2] =
+    ["application/vnd.oci.image.config.v1+json", "application/vnd.docker.container.image.v1+json"];
 
 #[derive(Clone, Debug, Deserialize)]
 struct Descriptor {
@@ -87,13 +85,8 @@ fn is_host_platform(p: &Platform) -> bool {
 /// `blobs/<alg>/<hex>` for a digest; only sha256 is supported.
 fn blob_path(digest: &str) -> Result<String> {
     match digest.split_once(':') {
-        Some(("sha256", hex)) if hex.len() == 64 && is_hex(hex) => {
-            Ok(format!("blobs/sha256/{hex}"))
-        }
-        _ => Err(Error::bad(
-            Some(digest),
-            "unsupported or malformed digest (only sha256:<64 hex> is supported)",
-        )),
+        Some(("sha256", hex)) if hex.len() == 64 && is_hex(hex) => Ok(format!("blobs/sha256/{hex}")),
+        _ => Err(Error::bad(Some(digest), "unsupported or malformed digest (only sha256:<64 hex> is supported)")),
     }
 }
 
@@ -104,10 +97,7 @@ fn read_blob(ar: &Archive, desc: &Descriptor) -> Result<Vec<u8>> {
     if member.size != desc.size {
         return Err(Error::bad(
             Some(&path),
-            format!(
-                "blob is {} bytes but its descriptor says {}",
-                member.size, desc.size
-            ),
+            format!("blob is {} bytes but its descriptor says {}", member.size, desc.size),
         ));
     }
     if desc.size > MAX_JSON {
@@ -116,11 +106,7 @@ fn read_blob(ar: &Archive, desc: &Descriptor) -> Result<Vec<u8>> {
     let bytes = ar.read_small(&path)?;
     let actual = sha256_digest(&bytes);
     if actual != desc.digest {
-        return Err(Error::DigestMismatch {
-            blob: path,
-            expected: desc.digest.clone(),
-            actual,
-        });
+        return Err(Error::DigestMismatch { blob: path, expected: desc.digest.clone(), actual });
     }
     Ok(bytes)
 }
@@ -140,12 +126,7 @@ fn annotated_name(desc: &Descriptor) -> Result<Option<String>> {
     };
     candidate
         .map(|n| {
-            normalize_name(n).map_err(|e| {
-                Error::bad(
-                    Some("index.json"),
-                    format!("invalid image name annotation: {e}"),
-                )
-            })
+            normalize_name(n).map_err(|e| Error::bad(Some("index.json"), format!("invalid image name annotation: {e}")))
         })
         .transpose()
 }
@@ -156,31 +137,21 @@ enum Kind {
 }
 
 fn kind_of(desc: &Descriptor, bytes: &[u8], path: &str) -> Result<Kind> {
-    let probe: Probe = serde_json::from_slice(bytes)
-        .map_err(|e| Error::bad(Some(path), format!("invalid JSON: {e}")))?;
-    let media_type = if desc.media_type.is_empty() {
-        probe.media_type.unwrap_or_default()
-    } else {
-        desc.media_type.clone()
-    };
+    let probe: Probe =
+        serde_json::from_slice(bytes).map_err(|e| Error::bad(Some(path), format!("invalid JSON: {e}")))?;
+    let media_type =
+        if desc.media_type.is_empty() { probe.media_type.unwrap_or_default() } else { desc.media_type.clone() };
     match media_type.as_str() {
         MT_OCI_INDEX | MT_DOCKER_LIST => Ok(Kind::Index),
         MT_OCI_MANIFEST | MT_DOCKER_MANIFEST => Ok(Kind::Manifest),
         _ if probe.manifests.is_some() => Ok(Kind::Index),
         _ if probe.config.is_some() => Ok(Kind::Manifest),
-        other => Err(Error::bad(
-            Some(path),
-            format!("unsupported media type {other:?}"),
-        )),
+        other => Err(Error::bad(Some(path), format!("unsupported media type {other:?}"))),
     }
 }
 
 /// Follows `desc` down to image manifests (picking the host platform in indexes).
-fn manifests_of(
-    ar: &Archive,
-    desc: &Descriptor,
-    depth: u32,
-) -> Result<Vec<(Descriptor, Manifest)>> {
+fn manifests_of(ar: &Archive, desc: &Descriptor, depth: u32) -> Result<Vec<(Descriptor, Manifest)>> {
     let path = blob_path(&desc.digest)?;
     let bytes = read_blob(ar, desc)?;
     match kind_of(desc, &bytes, &path)? {
@@ -204,11 +175,7 @@ fn manifests_of(
                     .collect();
                 Error::bad(
                     Some(&path),
-                    format!(
-                        "image index has no linux/{} manifest (available: {})",
-                        host_arch(),
-                        available.join(", ")
-                    ),
+                    format!("image index has no linux/{} manifest (available: {})", host_arch(), available.join(", ")),
                 )
             })?;
             manifests_of(ar, chosen, depth + 1)
@@ -218,10 +185,7 @@ fn manifests_of(
 
 /// The host platform's entry of an index; else its only entry without a platform.
 fn pick_platform(manifests: &[Descriptor]) -> Option<&Descriptor> {
-    if let Some(d) = manifests
-        .iter()
-        .find(|d| d.platform.as_ref().is_some_and(is_host_platform))
-    {
+    if let Some(d) = manifests.iter().find(|d| d.platform.as_ref().is_some_and(is_host_platform)) {
         return Some(d);
     }
     let mut unplatformed = manifests.iter().filter(|d| d.platform.is_none());
@@ -234,16 +198,11 @@ fn pick_platform(manifests: &[Descriptor]) -> Option<&Descriptor> {
 /// Lists the images of an OCI image layout.
 pub(crate) fn plan(ar: &Archive) -> Result<Vec<ImagePlan>> {
     let layout = ar.read_small("oci-layout")?;
-    let layout: serde_json::Value = serde_json::from_slice(&layout)
-        .map_err(|e| Error::bad(Some("oci-layout"), format!("invalid JSON: {e}")))?;
+    let layout: serde_json::Value =
+        serde_json::from_slice(&layout).map_err(|e| Error::bad(Some("oci-layout"), format!("invalid JSON: {e}")))?;
     match layout.get("imageLayoutVersion").and_then(|v| v.as_str()) {
         Some(v) if v.starts_with("1.") => {}
-        other => {
-            return Err(Error::bad(
-                Some("oci-layout"),
-                format!("unsupported imageLayoutVersion {other:?}"),
-            ))
-        }
+        other => return Err(Error::bad(Some("oci-layout"), format!("unsupported imageLayoutVersion {other:?}"))),
     }
     let index_bytes = ar.read_small("index.json")?;
     let index: Index = serde_json::from_slice(&index_bytes)
@@ -274,10 +233,7 @@ pub(crate) fn plan(ar: &Archive) -> Result<Vec<ImagePlan>> {
                 .map(|l| {
                     Ok(LayerPlan {
                         member: blob_path(&l.digest)?,
-                        check: LayerCheck::Blob {
-                            digest: l.digest.clone(),
-                            size: l.size,
-                        },
+                        check: LayerCheck::Blob { digest: l.digest.clone(), size: l.size },
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -291,10 +247,7 @@ pub(crate) fn plan(ar: &Archive) -> Result<Vec<ImagePlan>> {
         }
     }
     if plans.is_empty() {
-        return Err(Error::bad(
-            Some("index.json"),
-            format!("no linux/{} container image found", host_arch()),
-        ));
+        return Err(Error::bad(Some("index.json"), format!("no linux/{} container image found", host_arch())));
     }
     Ok(plans)
 }
@@ -308,11 +261,7 @@ mod tests {
             media_type: String::new(),
             digest: String::new(),
             size: 0,
-            annotations: Some(
-                ann.iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
+            annotations: Some(ann.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
             platform: None,
         }
     }
@@ -320,23 +269,13 @@ mod tests {
     #[test]
     fn names_from_annotations() {
         let n = |a: &[(&str, &str)]| annotated_name(&desc(a)).unwrap();
-        assert_eq!(
-            n(&[(ANN_REF_NAME, "docker.io/library/busybox:1.36")]).as_deref(),
-            Some("busybox:1.36")
-        );
+        assert_eq!(n(&[(ANN_REF_NAME, "docker.io/library/busybox:1.36")]).as_deref(), Some("busybox:1.36"));
         assert_eq!(n(&[(ANN_REF_NAME, "latest")]), None);
         assert_eq!(
-            n(&[
-                (ANN_REF_NAME, "latest"),
-                (ANN_CONTAINERD_NAME, "docker.io/foo/bar:latest")
-            ])
-            .as_deref(),
+            n(&[(ANN_REF_NAME, "latest"), (ANN_CONTAINERD_NAME, "docker.io/foo/bar:latest")]).as_deref(),
             Some("foo/bar:latest")
         );
-        assert_eq!(
-            n(&[(ANN_CONTAINERD_NAME, "alpine")]).as_deref(),
-            Some("alpine:latest")
-        );
+        assert_eq!(n(&[(ANN_CONTAINERD_NAME, "alpine")]).as_deref(), Some("alpine:latest"));
         assert_eq!(n(&[]), None);
         assert!(annotated_name(&desc(&[(ANN_REF_NAME, "Bad/Name:x")])).is_err());
     }
@@ -344,22 +283,12 @@ mod tests {
     #[test]
     fn platform_choice() {
         let d = |os: &str, arch: &str| Descriptor {
-            platform: Some(Platform {
-                os: os.into(),
-                architecture: arch.into(),
-            }),
+            platform: Some(Platform { os: os.into(), architecture: arch.into() }),
             digest: format!("{os}/{arch}"),
             ..desc(&[])
         };
-        let list = [
-            d("linux", "arm64"),
-            d("linux", host_arch()),
-            d("unknown", "unknown"),
-        ];
-        assert_eq!(
-            pick_platform(&list).unwrap().digest,
-            format!("linux/{}", host_arch())
-        );
+        let list = [d("linux", "arm64"), d("linux", host_arch()), d("unknown", "unknown")];
+        assert_eq!(pick_platform(&list).unwrap().digest, format!("linux/{}", host_arch()));
         assert!(pick_platform(&[d("linux", "s390x-nope")]).is_none());
         assert!(pick_platform(&[desc(&[])]).is_some());
     }
@@ -367,10 +296,7 @@ mod tests {
     #[test]
     fn blob_paths() {
         let hex = "0f".repeat(32);
-        assert_eq!(
-            blob_path(&format!("sha256:{hex}")).unwrap(),
-            format!("blobs/sha256/{hex}")
-        );
+        assert_eq!(blob_path(&format!("sha256:{hex}")).unwrap(), format!("blobs/sha256/{hex}"));
         assert!(blob_path("sha512:00").is_err());
         assert!(blob_path("sha256:../../etc/passwd").is_err());
     }

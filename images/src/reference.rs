@@ -20,10 +20,7 @@ pub(crate) enum Reference {
     Id(String),
     /// 12..63 lowercase hex characters: a name if one exists with that spelling,
     /// otherwise an image id prefix.
-    Prefix {
-        name: Option<String>,
-        prefix: String,
-    },
+    Prefix { name: Option<String>, prefix: String },
 }
 
 /// Normalizes an image name (`repo[:tag]`) to the form stored in the name table.
@@ -32,10 +29,7 @@ pub(crate) enum Reference {
 /// `docker.io/foo/bar` → `foo/bar:latest`. Digest references are refused here
 /// (they do not name anything; see [`crate::ImageStore::resolve`]).
 pub fn normalize_name(reference: &str) -> Result<String> {
-    let invalid = |reason: &str| Error::InvalidReference {
-        reference: reference.to_owned(),
-        reason: reason.to_owned(),
-    };
+    let invalid = |reason: &str| Error::InvalidReference { reference: reference.to_owned(), reason: reason.to_owned() };
     if reference.is_empty() {
         return Err(invalid("empty reference"));
     }
@@ -63,11 +57,7 @@ pub fn normalize_name(reference: &str) -> Result<String> {
         ));
     }
     let is_hub = matches!(domain, None | Some("docker.io" | "index.docker.io"));
-    let path = if is_hub && components.len() == 2 && components[0] == "library" {
-        components[1]
-    } else {
-        path
-    };
+    let path = if is_hub && components.len() == 2 && components[0] == "library" { components[1] } else { path };
     let name = match domain {
         Some(d) if !is_hub => format!("{d}/{path}"),
         _ => path.to_owned(),
@@ -93,10 +83,7 @@ pub(crate) fn parse(reference: &str) -> Result<Reference> {
         return Ok(Reference::Id(format!("sha256:{reference}")));
     }
     if is_hex(reference) && (12..64).contains(&reference.len()) {
-        return Ok(Reference::Prefix {
-            name: normalize_name(reference).ok(),
-            prefix: reference.to_owned(),
-        });
+        return Ok(Reference::Prefix { name: normalize_name(reference).ok(), prefix: reference.to_owned() });
     }
     if let Some((name, digest)) = reference.split_once('@') {
         // The name part must be well formed, but the digest alone decides.
@@ -119,9 +106,7 @@ pub(crate) fn parse(reference: &str) -> Result<Reference> {
 fn split_domain(repo: &str) -> (Option<&str>, &str) {
     match repo.split_once('/') {
         Some((first, rest))
-            if first.contains(['.', ':'])
-                || first == "localhost"
-                || first.chars().any(|c| c.is_ascii_uppercase()) =>
+            if first.contains(['.', ':']) || first == "localhost" || first.chars().any(|c| c.is_ascii_uppercase()) =>
         {
             (Some(first), rest)
         }
@@ -130,9 +115,7 @@ fn split_domain(repo: &str) -> (Option<&str>, &str) {
 }
 
 pub(crate) fn is_hex(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// `[\w][\w.-]{0,127}`
@@ -215,10 +198,7 @@ mod tests {
             ("ghcr.io/library/img:x", "ghcr.io/library/img:x"),
             ("localhost/img", "localhost/img:latest"),
             ("localhost:5000/img:dev", "localhost:5000/img:dev"),
-            (
-                "registry.example.com:443/a/b/c:1_2-3.4",
-                "registry.example.com:443/a/b/c:1_2-3.4",
-            ),
+            ("registry.example.com:443/a/b/c:1_2-3.4", "registry.example.com:443/a/b/c:1_2-3.4"),
             ("my-app__x.y:TAG", "my-app__x.y:TAG"),
         ];
         for (input, want) in table {
@@ -255,26 +235,14 @@ mod tests {
         let id = format!("sha256:{HEX}");
         assert_eq!(parse(&id).unwrap(), Reference::Id(id.clone()));
         assert_eq!(parse(HEX).unwrap(), Reference::Id(id.clone()));
-        assert_eq!(
-            parse(&format!("busybox@{id}")).unwrap(),
-            Reference::Id(id.clone())
-        );
-        assert_eq!(
-            parse(&format!("docker.io/library/busybox:1@{id}")).unwrap(),
-            Reference::Id(id.clone())
-        );
+        assert_eq!(parse(&format!("busybox@{id}")).unwrap(), Reference::Id(id.clone()));
+        assert_eq!(parse(&format!("docker.io/library/busybox:1@{id}")).unwrap(), Reference::Id(id.clone()));
         assert_eq!(
             parse("0123456789ab").unwrap(),
-            Reference::Prefix {
-                name: Some("0123456789ab:latest".to_owned()),
-                prefix: "0123456789ab".to_owned()
-            }
+            Reference::Prefix { name: Some("0123456789ab:latest".to_owned()), prefix: "0123456789ab".to_owned() }
         );
         // 11 hex chars is just a name.
-        assert_eq!(
-            parse("0123456789a").unwrap(),
-            Reference::Name("0123456789a:latest".to_owned())
-        );
+        assert_eq!(parse("0123456789a").unwrap(), Reference::Name("0123456789a:latest".to_owned()));
         assert!(parse("sha256:abc").is_err());
         assert!(parse(&format!("sha256:{}", HEX.to_uppercase())).is_err());
         assert!(parse("busybox@sha512:00").is_err());

@@ -52,16 +52,8 @@ pub(crate) fn join<S: AsRef<OsStr>>(comps: &[S]) -> OsString {
 }
 
 /// Opens `path` relative to `root`, treating `root` as the file system root.
-pub(crate) fn open_in_root(
-    root: BorrowedFd<'_>,
-    path: &OsStr,
-    flags: OFlag,
-) -> nix::Result<OwnedFd> {
-    let path: &OsStr = if path.is_empty() {
-        OsStr::new(".")
-    } else {
-        path
-    };
+pub(crate) fn open_in_root(root: BorrowedFd<'_>, path: &OsStr, flags: OFlag) -> nix::Result<OwnedFd> {
+    let path: &OsStr = if path.is_empty() { OsStr::new(".") } else { path };
     let how = OpenHow::new()
         .flags(flags | OFlag::O_CLOEXEC)
         .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
@@ -88,11 +80,7 @@ pub(crate) fn open_dir(root: BorrowedFd<'_>, path: &OsStr) -> nix::Result<OwnedF
 /// Opens a directory inside the tree for reading its entries or changing its
 /// metadata. The final component must not be a symlink.
 pub(crate) fn open_dir_rw(root: BorrowedFd<'_>, path: &OsStr) -> nix::Result<OwnedFd> {
-    open_in_root(
-        root,
-        path,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
-    )
+    open_in_root(root, path, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW)
 }
 
 /// Why [`ensure_dir`] failed.
@@ -152,11 +140,7 @@ fn ensure_dir_depth(
             // The parent exists, so its ".." does too; ENOENT here is a race.
             return Err(Errno::ENOENT.into());
         }
-        match mkdirat(
-            Some(parent.as_raw_fd()),
-            name,
-            Mode::from_bits_truncate(0o755),
-        ) {
+        match mkdirat(Some(parent.as_raw_fd()), name, Mode::from_bits_truncate(0o755)) {
             Ok(()) => on_create(parent.as_fd(), name).map_err(EnsureError::Callback)?,
             Err(Errno::EEXIST) => {
                 // Something is there but does not resolve: a dangling symlink.
@@ -169,11 +153,7 @@ fn ensure_dir_depth(
                     return Err(Errno::ELOOP.into());
                 }
                 let target = target.as_bytes();
-                let mut next: Vec<OsString> = if target.starts_with(b"/") {
-                    Vec::new()
-                } else {
-                    comps[..i].to_vec()
-                };
+                let mut next: Vec<OsString> = if target.starts_with(b"/") { Vec::new() } else { comps[..i].to_vec() };
                 next.extend(
                     target
                         .split(|&b| b == b'/')
@@ -220,43 +200,21 @@ mod tests {
         let mut noop = |_: BorrowedFd<'_>, _: &OsStr| Ok(());
 
         // "up" and "dots" both resolve to the tree root itself.
-        let fd = ensure_dir(
-            root,
-            &[OsString::from("up"), OsString::from("x")],
-            &mut noop,
-        )
-        .unwrap();
+        let fd = ensure_dir(root, &[OsString::from("up"), OsString::from("x")], &mut noop).unwrap();
         drop(fd);
         assert!(tree.join("x").is_dir());
-        ensure_dir(
-            root,
-            &[OsString::from("dots"), OsString::from("y")],
-            &mut noop,
-        )
-        .unwrap();
+        ensure_dir(root, &[OsString::from("dots"), OsString::from("y")], &mut noop).unwrap();
         assert!(tree.join("y").is_dir());
 
         // A dangling absolute symlink gets its target created inside the tree.
-        ensure_dir(
-            root,
-            &[OsString::from("dangling"), OsString::from("z")],
-            &mut noop,
-        )
-        .unwrap();
-        let inside = tree
-            .join(outer.path().strip_prefix("/").unwrap())
-            .join("gone/z");
+        ensure_dir(root, &[OsString::from("dangling"), OsString::from("z")], &mut noop).unwrap();
+        let inside = tree.join(outer.path().strip_prefix("/").unwrap()).join("gone/z");
         assert!(inside.is_dir(), "{}", inside.display());
         assert!(!outer.path().join("gone").exists());
 
         // Loops are reported, not followed forever.
         std::os::unix::fs::symlink("loop2", tree.join("loop1")).unwrap();
         std::os::unix::fs::symlink("loop1", tree.join("loop2")).unwrap();
-        assert!(ensure_dir(
-            root,
-            &[OsString::from("loop1"), OsString::from("a")],
-            &mut noop
-        )
-        .is_err());
+        assert!(ensure_dir(root, &[OsString::from("loop1"), OsString::from("a")], &mut noop).is_err());
     }
 }

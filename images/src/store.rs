@@ -78,8 +78,7 @@ impl TmpDir {
     /// unpacked image, before it is published, instead of per-file fsyncs).
     pub(crate) fn sync(&self) -> Result<()> {
         let dir = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir))
-            .map_err(|e| Error::io(&self.path, e))
+        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)).map_err(|e| Error::io(&self.path, e))
     }
 }
 
@@ -102,40 +101,26 @@ fn mkdir(path: &Path, mode: u32) -> Result<()> {
 }
 
 fn fsync_dir(path: &Path) -> Result<()> {
-    File::open(path)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(path, e))
+    File::open(path).and_then(|d| d.sync_all()).map_err(|e| Error::io(path, e))
 }
 
 fn open_dir_nofollow(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-        .open(path)
+    OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW).open(path)
 }
 
 /// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync dir.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("json.tmp");
     let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| Error::io(&tmp, e))?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
     fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
     fsync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
 fn unique_name(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!(
-        "{prefix}-{}-{}-{nanos:x}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{prefix}-{}-{}-{nanos:x}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The hex part of an id (`sha256:<hex>`), validated so it is safe as a file name.
@@ -150,11 +135,7 @@ impl Store {
     /// Creates the layout if needed and removes leftovers of killed imports.
     pub(crate) fn open(root: &Path) -> Result<Store> {
         fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
-        let store = Store {
-            root: root.to_path_buf(),
-            images: root.join("images"),
-            tmp: root.join("tmp"),
-        };
+        let store = Store { root: root.to_path_buf(), images: root.join("images"), tmp: root.join("tmp") };
         mkdir(&store.images, 0o755)?;
         mkdir(&store.tmp, 0o700)?;
         store.clean_tmp()?;
@@ -223,13 +204,8 @@ impl Store {
                 Err(e) => return Err(Error::io(&path, e)),
             }
             let dir = open_dir_nofollow(&path).map_err(|e| Error::io(&path, e))?;
-            let lock = Flock::lock(dir, FlockArg::LockExclusiveNonblock)
-                .map_err(|(_, e)| Error::io(&path, e))?;
-            return Ok(TmpDir {
-                path,
-                _lock: lock,
-                keep: false,
-            });
+            let lock = Flock::lock(dir, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| Error::io(&path, e))?;
+            return Ok(TmpDir { path, _lock: lock, keep: false });
         }
     }
 
@@ -253,18 +229,12 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io(&path, e)),
         };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| Error::Corrupt {
-                path,
-                reason: e.to_string(),
-            })
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| Error::Corrupt { path, reason: e.to_string() })
     }
 
     /// Writes `image.json` into an image directory (staged or published).
     pub(crate) fn write_image(dir: &Path, meta: &StoredImage) -> Result<()> {
-        let bytes =
-            serde_json::to_vec_pretty(meta).map_err(|e| Error::io(dir, io::Error::other(e)))?;
+        let bytes = serde_json::to_vec_pretty(meta).map_err(|e| Error::io(dir, io::Error::other(e)))?;
         write_atomic(&dir.join(IMAGE_META), &bytes)
     }
 
@@ -292,21 +262,15 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
             Err(e) => return Err(Error::io(&path, e)),
         };
-        let table: NameTable = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
-            path,
-            reason: e.to_string(),
-        })?;
+        let table: NameTable =
+            serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt { path, reason: e.to_string() })?;
         Ok(table.names)
     }
 
     /// Replaces the name table atomically. The caller holds [`Store::lock`].
     pub(crate) fn save_names(&self, names: &BTreeMap<String, String>) -> Result<()> {
-        let table = NameTable {
-            version: 1,
-            names: names.clone(),
-        };
-        let bytes = serde_json::to_vec_pretty(&table)
-            .map_err(|e| Error::io(&self.root, io::Error::other(e)))?;
+        let table = NameTable { version: 1, names: names.clone() };
+        let bytes = serde_json::to_vec_pretty(&table).map_err(|e| Error::io(&self.root, io::Error::other(e)))?;
         write_atomic(&self.root.join(NAMES_FILE), &bytes)
     }
 
@@ -314,11 +278,8 @@ impl Store {
     /// The caller holds [`Store::lock`] and checked that `id` is absent.
     pub(crate) fn publish(&self, mut staged: TmpDir, id: &str) -> Result<()> {
         let dest = self.image_dir(id)?;
-        fs::set_permissions(
-            staged.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .map_err(|e| Error::io(staged.path(), e))?;
+        fs::set_permissions(staged.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(|e| Error::io(staged.path(), e))?;
         fs::rename(staged.path(), &dest).map_err(|e| Error::io(&dest, e))?;
         staged.keep = true;
         fsync_dir(&self.images)
@@ -333,15 +294,10 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io(&src, e)),
         };
-        let lock =
-            Flock::lock(dir, FlockArg::LockExclusive).map_err(|(_, e)| Error::io(&src, e))?;
+        let lock = Flock::lock(dir, FlockArg::LockExclusive).map_err(|(_, e)| Error::io(&src, e))?;
         let dest = self.tmp.join(unique_name("rm"));
         fs::rename(&src, &dest).map_err(|e| Error::io(&src, e))?;
         fsync_dir(&self.images)?;
-        Ok(Some(TmpDir {
-            path: dest,
-            _lock: lock,
-            keep: false,
-        }))
+        Ok(Some(TmpDir { path: dest, _lock: lock, keep: false }))
     }
 }

@@ -58,11 +58,7 @@ fn rich_layers() -> Vec<Layer> {
         .file("/rooted/file", b"leading slash stripped", 0o644)
         .file("./dot/file", b"leading dot stripped", 0o644)
         .build();
-    vec![
-        Layer::new(l1, Comp::Plain),
-        Layer::new(l2, Comp::Gzip),
-        Layer::new(l3, Comp::Zstd),
-    ]
+    vec![Layer::new(l1, Comp::Plain), Layer::new(l2, Comp::Gzip), Layer::new(l3, Comp::Zstd)]
 }
 
 fn check_rich_tree(rootfs: &std::path::Path) {
@@ -78,16 +74,12 @@ fn check_rich_tree(rootfs: &std::path::Path) {
     assert_eq!(md("etc/shadow").mode() & 0o7777, 0o640);
 
     // Opaque directory.
-    let mut a: Vec<String> = fs::read_dir(rootfs.join("a"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
+    let mut a: Vec<String> =
+        fs::read_dir(rootfs.join("a")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     a.sort();
     assert_eq!(a, ["new-after", "new-before", "sub"]);
-    let sub: Vec<String> = fs::read_dir(rootfs.join("a/sub"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
+    let sub: Vec<String> =
+        fs::read_dir(rootfs.join("a/sub")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert_eq!(sub, ["fresh"], "old entries of a kept subdir must go too");
     assert_eq!(md("a/new-after").mode() & 0o7777, 0o600);
 
@@ -102,14 +94,8 @@ fn check_rich_tree(rootfs: &std::path::Path) {
     assert_eq!(md("bin/sh").nlink(), 2);
 
     // Symlinks, and writes through them landing inside the tree.
-    assert_eq!(
-        fs::read_link(rootfs.join("lib")).unwrap().to_str(),
-        Some("usr/lib")
-    );
-    assert_eq!(
-        fs::read_link(rootfs.join("abs-lib")).unwrap().to_str(),
-        Some("/usr/lib")
-    );
+    assert_eq!(fs::read_link(rootfs.join("lib")).unwrap().to_str(), Some("usr/lib"));
+    assert_eq!(fs::read_link(rootfs.join("abs-lib")).unwrap().to_str(), Some("/usr/lib"));
     assert_eq!(rd("usr/lib/extra.so"), b"through the symlink");
     assert_eq!(rd("usr/lib/abs.so"), b"through the absolute symlink");
     assert!(md("lib").file_type().is_symlink());
@@ -137,11 +123,7 @@ fn check_rich_tree(rootfs: &std::path::Path) {
 
     // mtimes of files and dirs.
     assert_eq!(md("etc/shadow").mtime(), MTIME as i64);
-    assert_eq!(
-        md("etc").mtime(),
-        MTIME as i64,
-        "dir mtime restored after children were added"
-    );
+    assert_eq!(md("etc").mtime(), MTIME as i64, "dir mtime restored after children were added");
     assert_eq!(md("lib").mtime(), MTIME as i64);
 }
 
@@ -149,19 +131,10 @@ fn check_rich_tree(rootfs: &std::path::Path) {
 fn docker_archive_multi_layer() {
     let env = Env::new();
     let store = env.store();
-    let config = run_config(
-        &["/bin/sh", "-c"],
-        &["echo hi"],
-        &["PATH=/bin", "X=1=2"],
-        "/work",
-        "1000:1000",
-    );
+    let config = run_config(&["/bin/sh", "-c"], &["echo hi"], &["PATH=/bin", "X=1=2"], "/work", "1000:1000");
     let members = docker_members(
         &[DockerImage {
-            tags: vec![
-                "docker.io/library/busybox:latest".into(),
-                "example.com/x/y:1".into(),
-            ],
+            tags: vec!["docker.io/library/busybox:latest".into(), "example.com/x/y:1".into()],
             config,
             layers: rich_layers(),
         }],
@@ -188,10 +161,7 @@ fn docker_archive_multi_layer() {
     assert_eq!(rec.id_shift, None);
     check_rich_tree(&store.rootfs(rec));
     // The config id is the digest of the config blob.
-    let config_member = members
-        .iter()
-        .find(|(n, _)| n.ends_with(".json") && n != "manifest.json")
-        .unwrap();
+    let config_member = members.iter().find(|(n, _)| n.ends_with(".json") && n != "manifest.json").unwrap();
     assert_eq!(rec.id, sha256(&config_member.1));
 
     let again = store.resolve("busybox").unwrap();
@@ -206,23 +176,14 @@ fn docker_archive_blobs_style_and_multiple_images() {
     let one = DockerImage {
         tags: vec!["one:latest".into(), "one:v1".into()],
         config: run_config(&[], &["/one"], &[], "", ""),
-        layers: vec![Layer::new(
-            LayerBuilder::new().file("one", b"1", 0o644).build(),
-            Comp::Plain,
-        )],
+        layers: vec![Layer::new(LayerBuilder::new().file("one", b"1", 0o644).build(), Comp::Plain)],
     };
     let two = DockerImage {
         tags: vec![],
         config: run_config(&[], &["/two"], &[], "", ""),
         layers: vec![
-            Layer::new(
-                LayerBuilder::new().file("one", b"1", 0o644).build(),
-                Comp::Plain,
-            ),
-            Layer::new(
-                LayerBuilder::new().file("two", b"2", 0o644).build(),
-                Comp::Gzip,
-            ),
+            Layer::new(LayerBuilder::new().file("one", b"1", 0o644).build(), Comp::Plain),
+            Layer::new(LayerBuilder::new().file("two", b"2", 0o644).build(), Comp::Gzip),
         ],
     };
     let path = env.archive("multi.tar", &docker_members(&[one, two], true));
@@ -236,10 +197,7 @@ fn docker_archive_blobs_style_and_multiple_images() {
     assert_eq!(fs::read(two_root.join("two")).unwrap(), b"2");
     // The untagged one is addressable by id and by prefix.
     assert_eq!(store.resolve(&records[1].id).unwrap().id, records[1].id);
-    assert_eq!(
-        store.resolve(&records[1].id[7..19]).unwrap().id,
-        records[1].id
-    );
+    assert_eq!(store.resolve(&records[1].id[7..19]).unwrap().id, records[1].id);
     assert_eq!(store.list().unwrap().len(), 2);
 }
 
@@ -259,20 +217,14 @@ fn oci_layout_gzip_zstd_and_index() {
             ref_name: Some("latest".into()),
             containerd_name: Some("docker.io/foo/bar:latest".into()),
             config: run_config(&["/bar"], &[], &[], "", ""),
-            layers: vec![Layer::new(
-                LayerBuilder::new().file("bar", b"bar", 0o755).build(),
-                Comp::Zstd,
-            )],
+            layers: vec![Layer::new(LayerBuilder::new().file("bar", b"bar", 0o755).build(), Comp::Zstd)],
             via_index: false,
         },
         OciImage {
             ref_name: Some("latest".into()),
             containerd_name: None,
             config: run_config(&["/anon"], &[], &[], "", ""),
-            layers: vec![Layer::new(
-                LayerBuilder::new().file("anon", b"anon", 0o755).build(),
-                Comp::Gzip,
-            )],
+            layers: vec![Layer::new(LayerBuilder::new().file("anon", b"anon", 0o755).build(), Comp::Gzip)],
             via_index: false,
         },
     ];
@@ -282,45 +234,20 @@ fn oci_layout_gzip_zstd_and_index() {
     assert_eq!(records.len(), 3);
     assert_eq!(records[0].names, ["alpine:3.20"]);
     assert_eq!(records[1].names, ["foo/bar:latest"]);
-    assert!(
-        records[2].names.is_empty(),
-        "a bare tag names no repository"
-    );
+    assert!(records[2].names.is_empty(), "a bare tag names no repository");
     check_rich_tree(&store.rootfs(&records[0]));
     assert_eq!(records[0].config.cmd, ["/bin/sh"]);
     assert_eq!(records[0].config.user, "root");
-    assert_eq!(
-        fs::read(store.rootfs(&records[1]).join("bar")).unwrap(),
-        b"bar"
-    );
-    assert_eq!(
-        store.resolve("docker.io/foo/bar").unwrap().id,
-        records[1].id
-    );
-    assert_eq!(
-        store.resolve(&records[2].id).unwrap().config.entrypoint,
-        ["/anon"]
-    );
+    assert_eq!(fs::read(store.rootfs(&records[1]).join("bar")).unwrap(), b"bar");
+    assert_eq!(store.resolve("docker.io/foo/bar").unwrap().id, records[1].id);
+    assert_eq!(store.resolve(&records[2].id).unwrap().config.entrypoint, ["/anon"]);
 
     // The manifest digest (as in `name@sha256:...` pull references) also resolves.
     let index: serde_json::Value =
-        serde_json::from_slice(&members.iter().find(|(n, _)| n == "index.json").unwrap().1)
-            .unwrap();
+        serde_json::from_slice(&members.iter().find(|(n, _)| n == "index.json").unwrap().1).unwrap();
     let manifest_digest = index["manifests"][1]["digest"].as_str().unwrap();
-    assert_eq!(
-        store
-            .resolve(&format!("foo/bar@{manifest_digest}"))
-            .unwrap()
-            .id,
-        records[1].id
-    );
-    assert_eq!(
-        store
-            .resolve(&format!("foo/bar@{}", records[1].id))
-            .unwrap()
-            .id,
-        records[1].id
-    );
+    assert_eq!(store.resolve(&format!("foo/bar@{manifest_digest}")).unwrap().id, records[1].id);
+    assert_eq!(store.resolve(&format!("foo/bar@{}", records[1].id)).unwrap().id, records[1].id);
     env.assert_store_clean();
 }
 
@@ -336,10 +263,7 @@ fn missing_and_null_config_fields() {
             &[DockerImage {
                 tags: vec!["nulls".into()],
                 config,
-                layers: vec![Layer::new(
-                    LayerBuilder::new().file("x", b"x", 0o644).build(),
-                    Comp::Plain,
-                )],
+                layers: vec![Layer::new(LayerBuilder::new().file("x", b"x", 0o644).build(), Comp::Plain)],
             }],
             false,
         ),
@@ -352,10 +276,7 @@ fn missing_and_null_config_fields() {
 fn device_nodes_need_root() {
     let env = Env::new();
     let store = env.store();
-    let layer = LayerBuilder::new()
-        .chardev("dev/null", 1, 3)
-        .file("dev/keep", b"", 0o644)
-        .build();
+    let layer = LayerBuilder::new().chardev("dev/null", 1, 3).file("dev/keep", b"", 0o644).build();
     let path = env.archive(
         "dev.tar",
         &docker_members(
@@ -378,10 +299,7 @@ fn device_nodes_need_root() {
         Err(_) => println!("device node skipped (not root or no CAP_MKNOD)"),
     }
     if !is_root() {
-        assert!(
-            fs::symlink_metadata(&node).is_err(),
-            "non-root must skip devices"
-        );
+        assert!(fs::symlink_metadata(&node).is_err(), "non-root must skip devices");
     }
 }
 
@@ -393,30 +311,14 @@ fn digest_mismatch_docker_diff_id() {
         &[DockerImage {
             tags: vec!["bad".into()],
             config: run_config(&[], &[], &[], "", ""),
-            layers: vec![Layer::new(
-                LayerBuilder::new().file("x", b"original", 0o644).build(),
-                Comp::Gzip,
-            )],
+            layers: vec![Layer::new(LayerBuilder::new().file("x", b"original", 0o644).build(), Comp::Gzip)],
         }],
         false,
     );
     // Swap the layer content for another valid (gzip) tar.
-    let evil = Layer::new(
-        LayerBuilder::new().file("x", b"tampered", 0o644).build(),
-        Comp::Gzip,
-    )
-    .blob();
-    let layer_name = members
-        .iter()
-        .find(|(n, _)| n.ends_with("layer.tar"))
-        .unwrap()
-        .0
-        .clone();
-    members
-        .iter_mut()
-        .find(|(n, _)| *n == layer_name)
-        .unwrap()
-        .1 = evil;
+    let evil = Layer::new(LayerBuilder::new().file("x", b"tampered", 0o644).build(), Comp::Gzip).blob();
+    let layer_name = members.iter().find(|(n, _)| n.ends_with("layer.tar")).unwrap().0.clone();
+    members.iter_mut().find(|(n, _)| *n == layer_name).unwrap().1 = evil;
     let err = store.import(&env.archive("bad.tar", &members)).unwrap_err();
     match &err {
         Error::DigestMismatch { blob, .. } => assert_eq!(*blob, layer_name),
@@ -435,10 +337,7 @@ fn digest_mismatch_oci_blobs() {
         ref_name: Some("x/y:1".into()),
         containerd_name: None,
         config: run_config(&[], &[], &[], "", ""),
-        layers: vec![Layer::new(
-            LayerBuilder::new().file("x", b"original", 0o644).build(),
-            Comp::Plain,
-        )],
+        layers: vec![Layer::new(LayerBuilder::new().file("x", b"original", 0o644).build(), Comp::Plain)],
         via_index: false,
     };
     let layer_blob = image.layers[0].blob();
@@ -446,64 +345,33 @@ fn digest_mismatch_oci_blobs() {
 
     // Layer: same size, one byte flipped.
     let mut members = oci_members(std::slice::from_ref(&image));
-    let blob = &mut members
-        .iter_mut()
-        .find(|(n, _)| *n == layer_name)
-        .unwrap()
-        .1;
+    let blob = &mut members.iter_mut().find(|(n, _)| *n == layer_name).unwrap().1;
     let pos = blob.windows(8).position(|w| w == b"original").unwrap();
     blob[pos] = b'O';
-    let err = store
-        .import(&env.archive("bad-layer.tar", &members))
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::DigestMismatch { blob, .. } if *blob == layer_name),
-        "{err}"
-    );
+    let err = store.import(&env.archive("bad-layer.tar", &members)).unwrap_err();
+    assert!(matches!(&err, Error::DigestMismatch { blob, .. } if *blob == layer_name), "{err}");
 
     // Config blob tampered.
     let mut members = oci_members(std::slice::from_ref(&image));
     let index: serde_json::Value =
-        serde_json::from_slice(&members.iter().find(|(n, _)| n == "index.json").unwrap().1)
-            .unwrap();
+        serde_json::from_slice(&members.iter().find(|(n, _)| n == "index.json").unwrap().1).unwrap();
     let mdigest = index["manifests"][0]["digest"].as_str().unwrap().to_owned();
     let manifest: serde_json::Value = serde_json::from_slice(
-        &members
-            .iter()
-            .find(|(n, _)| *n == format!("blobs/sha256/{}", &mdigest[7..]))
-            .unwrap()
-            .1,
+        &members.iter().find(|(n, _)| *n == format!("blobs/sha256/{}", &mdigest[7..])).unwrap().1,
     )
     .unwrap();
-    let config_name = format!(
-        "blobs/sha256/{}",
-        &manifest["config"]["digest"].as_str().unwrap()[7..]
-    );
-    let cfg = &mut members
-        .iter_mut()
-        .find(|(n, _)| *n == config_name)
-        .unwrap()
-        .1;
+    let config_name = format!("blobs/sha256/{}", &manifest["config"]["digest"].as_str().unwrap()[7..]);
+    let cfg = &mut members.iter_mut().find(|(n, _)| *n == config_name).unwrap().1;
     let last = cfg.len() - 2;
     cfg[last] = b' ';
-    let err = store
-        .import(&env.archive("bad-config.tar", &members))
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::DigestMismatch { blob, .. } if *blob == config_name),
-        "{err}"
-    );
+    let err = store.import(&env.archive("bad-config.tar", &members)).unwrap_err();
+    assert!(matches!(&err, Error::DigestMismatch { blob, .. } if *blob == config_name), "{err}");
 
     // Missing blob.
     let mut members = oci_members(std::slice::from_ref(&image));
     members.retain(|(n, _)| *n != layer_name);
-    let err = store
-        .import(&env.archive("missing.tar", &members))
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::BadArchive { entry: Some(e), .. } if *e == layer_name),
-        "{err}"
-    );
+    let err = store.import(&env.archive("missing.tar", &members)).unwrap_err();
+    assert!(matches!(&err, Error::BadArchive { entry: Some(e), .. } if *e == layer_name), "{err}");
 
     assert!(store.list().unwrap().is_empty());
     env.assert_store_clean();
@@ -513,24 +381,14 @@ fn digest_mismatch_oci_blobs() {
 fn not_an_image_archive() {
     let env = Env::new();
     let store = env.store();
-    let err = store
-        .import(&env.archive("junk.tar", &vec![("hello.txt".into(), b"hi".to_vec())]))
-        .unwrap_err();
+    let err = store.import(&env.archive("junk.tar", &vec![("hello.txt".into(), b"hi".to_vec())])).unwrap_err();
     assert!(matches!(err, Error::BadArchive { .. }), "{err}");
-    let err = store
-        .import(&env.write("notar", b"this is not a tar file at all"))
-        .unwrap_err();
+    let err = store.import(&env.write("notar", b"this is not a tar file at all")).unwrap_err();
     assert!(matches!(err, Error::BadArchive { .. }), "{err}");
-    let gz = Layer::new(
-        tar_members(&vec![("manifest.json".into(), b"[]".to_vec())]),
-        Comp::Gzip,
-    )
-    .blob();
+    let gz = Layer::new(tar_members(&vec![("manifest.json".into(), b"[]".to_vec())]), Comp::Gzip).blob();
     let err = store.import(&env.write("img.tar.gz", &gz)).unwrap_err();
     assert!(err.to_string().contains("compressed"), "{err}");
-    let err = store
-        .import(&env.dir.path().join("does-not-exist.tar"))
-        .unwrap_err();
+    let err = store.import(&env.dir.path().join("does-not-exist.tar")).unwrap_err();
     assert!(matches!(err, Error::Io { .. }), "{err}");
     env.assert_store_clean();
 }
@@ -540,11 +398,7 @@ fn read_only_tree_is_removable_without_root() {
     // Trees with 0555/0000 dirs must still be deletable by a non-root owner.
     let env = Env::new();
     let store = env.store();
-    let layer = LayerBuilder::new()
-        .dir("locked/", 0o000)
-        .file("locked/f", b"f", 0o000)
-        .dir("ro/", 0o555)
-        .build();
+    let layer = LayerBuilder::new().dir("locked/", 0o000).file("locked/f", b"f", 0o000).dir("ro/", 0o555).build();
     let path = env.archive(
         "ro.tar",
         &docker_members(

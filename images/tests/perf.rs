@@ -18,16 +18,14 @@ fn write_layer(path: &Path, big: usize, big_size: usize, small: usize) -> u64 {
         let mut h = tar::Header::new_gnu();
         h.set_size(chunk.len() as u64);
         h.set_mode(0o644);
-        b.append_data(&mut h, format!("big/{i}.bin"), &chunk[..])
-            .unwrap();
+        b.append_data(&mut h, format!("big/{i}.bin"), &chunk[..]).unwrap();
         total += chunk.len() as u64;
     }
     for i in 0..small {
         let mut h = tar::Header::new_gnu();
         h.set_size(4096);
         h.set_mode(0o644);
-        b.append_data(&mut h, format!("small/{}/{i}", i % 100), &chunk[..4096])
-            .unwrap();
+        b.append_data(&mut h, format!("small/{}/{i}", i % 100), &chunk[..4096]).unwrap();
         total += 4096;
     }
     b.into_inner().unwrap().flush().unwrap();
@@ -75,17 +73,13 @@ fn run(label: &str, big: usize, big_size: usize, small: usize) {
     }
     std::fs::remove_file(&layer).unwrap();
 
-    let store =
-        ImageStore::open_with(&dir.path().join("store"), Options { id_shift: None }).unwrap();
+    let store = ImageStore::open_with(&dir.path().join("store"), Options { id_shift: None }).unwrap();
     let start = Instant::now();
     let rec = store.import(&archive).unwrap().remove(0);
     let secs = start.elapsed().as_secs_f64();
     assert_eq!(rec.size_bytes, bytes);
     let mbps = bytes as f64 / secs / 1e6;
-    println!(
-        "{label}: {:.0} MB in {secs:.2}s = {mbps:.0} MB/s",
-        bytes as f64 / 1e6
-    );
+    println!("{label}: {:.0} MB in {secs:.2}s = {mbps:.0} MB/s", bytes as f64 / 1e6);
 }
 
 #[test]

@@ -13,11 +13,7 @@ const GIB: u64 = 1 << 30;
 
 fn docker_image(tag: &str, layers: Vec<Layer>) -> Members {
     docker_members(
-        &[DockerImage {
-            tags: vec![tag.into()],
-            config: run_config(&[], &["/bin/true"], &[], "", ""),
-            layers,
-        }],
+        &[DockerImage { tags: vec![tag.into()], config: run_config(&[], &["/bin/true"], &[], "", ""), layers }],
         false,
     )
 }
@@ -28,13 +24,7 @@ fn seeded() -> (Env, ImageStore) {
     let store = env.store();
     let good = env.archive(
         "good.tar",
-        &docker_image(
-            "good",
-            vec![Layer::new(
-                LayerBuilder::new().file("ok", b"ok", 0o644).build(),
-                Comp::Plain,
-            )],
-        ),
+        &docker_image("good", vec![Layer::new(LayerBuilder::new().file("ok", b"ok", 0o644).build(), Comp::Plain)]),
     );
     store.import(&good).unwrap();
     (env, store)
@@ -49,25 +39,13 @@ fn refused(members: &Members) -> Error {
     let outside = {
         // The archive itself is the only new file outside the store.
         let mut o = outside;
-        o.insert(
-            path.strip_prefix(env.dir.path()).unwrap().to_path_buf(),
-            sha256(&fs::read(&path).unwrap()),
-        );
+        o.insert(path.strip_prefix(env.dir.path()).unwrap().to_path_buf(), sha256(&fs::read(&path).unwrap()));
         o
     };
-    let err = store
-        .import(&path)
-        .expect_err("hostile archive was accepted");
+    let err = store.import(&path).expect_err("hostile archive was accepted");
     assert_eq!(listing(&store), before, "store contents changed");
-    assert_eq!(
-        env.outside_snapshot(),
-        outside,
-        "something was written outside the store"
-    );
-    assert_eq!(
-        fs::read(env.outside.join("secret")).unwrap(),
-        b"host secret"
-    );
+    assert_eq!(env.outside_snapshot(), outside, "something was written outside the store");
+    assert_eq!(fs::read(env.outside.join("secret")).unwrap(), b"host secret");
     env.assert_store_clean();
     // A fresh handle sees the same thing.
     assert_eq!(listing(&env.store()), before);
@@ -93,20 +71,10 @@ fn contained(layers: Vec<Layer>) -> (Env, ImageStore, ImageRecord) {
     let (env, store) = seeded();
     let path = env.archive("tricky.tar", &docker_image("tricky", layers));
     let mut outside = env.outside_snapshot();
-    outside.insert(
-        path.strip_prefix(env.dir.path()).unwrap().to_path_buf(),
-        sha256(&fs::read(&path).unwrap()),
-    );
+    outside.insert(path.strip_prefix(env.dir.path()).unwrap().to_path_buf(), sha256(&fs::read(&path).unwrap()));
     let rec = store.import(&path).unwrap().remove(0);
-    assert_eq!(
-        env.outside_snapshot(),
-        outside,
-        "something was written outside the store"
-    );
-    assert_eq!(
-        fs::read(env.outside.join("secret")).unwrap(),
-        b"host secret"
-    );
+    assert_eq!(env.outside_snapshot(), outside, "something was written outside the store");
+    assert_eq!(fs::read(env.outside.join("secret")).unwrap(), b"host secret");
     env.assert_store_clean();
     (env, store, rec)
 }
@@ -122,49 +90,26 @@ fn inside(rootfs: &Path, host: &Path) -> PathBuf {
 
 #[test]
 fn dotdot_entries_refused() {
-    let err = refused_layers(vec![plain(
-        LayerBuilder::new().file("../evil", b"x", 0o644),
-    )]);
+    let err = refused_layers(vec![plain(LayerBuilder::new().file("../evil", b"x", 0o644))]);
     assert_unsafe(&err, "../evil");
-    let err = refused_layers(vec![plain(LayerBuilder::new().dir("a/", 0o755).file(
-        "a/../../evil",
-        b"x",
-        0o644,
-    ))]);
+    let err = refused_layers(vec![plain(LayerBuilder::new().dir("a/", 0o755).file("a/../../evil", b"x", 0o644))]);
     assert_unsafe(&err, "a/../../evil");
     // In a later, compressed layer, after good ones.
     let err = refused_layers(vec![
         plain(LayerBuilder::new().file("fine", b"x", 0o644)),
-        Layer::new(
-            LayerBuilder::new()
-                .file("ok", b"x", 0o644)
-                .symlink("../../x", "/etc")
-                .build(),
-            Comp::Gzip,
-        ),
+        Layer::new(LayerBuilder::new().file("ok", b"x", 0o644).symlink("../../x", "/etc").build(), Comp::Gzip),
     ]);
     assert_unsafe(&err, "../../x");
-    let err = refused_layers(vec![plain(LayerBuilder::new().file(
-        "/../abs-escape",
-        b"x",
-        0o644,
-    ))]);
+    let err = refused_layers(vec![plain(LayerBuilder::new().file("/../abs-escape", b"x", 0o644))]);
     assert_unsafe(&err, "abs-escape");
-    let err = refused_layers(vec![plain(
-        LayerBuilder::new().file("a/.wh...", b"", 0o644),
-    )]);
+    let err = refused_layers(vec![plain(LayerBuilder::new().file("a/.wh...", b"", 0o644))]);
     assert_unsafe(&err, ".wh..");
 }
 
 #[test]
 fn absolute_paths_are_stripped() {
-    let (_env, store, rec) = contained(vec![plain(
-        LayerBuilder::new().file("/etc/abs", b"abs", 0o644),
-    )]);
-    assert_eq!(
-        fs::read(store.rootfs(&rec).join("etc/abs")).unwrap(),
-        b"abs"
-    );
+    let (_env, store, rec) = contained(vec![plain(LayerBuilder::new().file("/etc/abs", b"abs", 0o644))]);
+    assert_eq!(fs::read(store.rootfs(&rec).join("etc/abs")).unwrap(), b"abs");
 }
 
 #[test]
@@ -172,52 +117,30 @@ fn symlinked_parent_to_absolute_host_path_stays_inside() {
     let (env, store) = seeded();
     let layers = vec![
         plain(LayerBuilder::new().symlink("etc", env.outside.to_str().unwrap())),
-        Layer::new(
-            LayerBuilder::new()
-                .file("etc/passwd", b"root::0:0", 0o644)
-                .build(),
-            Comp::Gzip,
-        ),
+        Layer::new(LayerBuilder::new().file("etc/passwd", b"root::0:0", 0o644).build(), Comp::Gzip),
     ];
     let path = env.archive("tricky.tar", &docker_image("tricky", layers));
     let mut outside = env.outside_snapshot();
-    outside.insert(
-        PathBuf::from("tricky.tar"),
-        sha256(&fs::read(&path).unwrap()),
-    );
+    outside.insert(PathBuf::from("tricky.tar"), sha256(&fs::read(&path).unwrap()));
     let rec = store.import(&path).unwrap().remove(0);
     assert_eq!(env.outside_snapshot(), outside, "wrote outside the store");
     assert!(!env.outside.join("passwd").exists());
     let rootfs = store.rootfs(&rec);
-    assert_eq!(
-        fs::read(inside(&rootfs, &env.outside).join("passwd")).unwrap(),
-        b"root::0:0"
-    );
+    assert_eq!(fs::read(inside(&rootfs, &env.outside).join("passwd")).unwrap(), b"root::0:0");
     env.assert_store_clean();
 }
 
 #[test]
 fn symlinked_parent_climbing_out_stays_inside() {
     let (_env, store, rec) = contained(vec![
-        plain(
-            LayerBuilder::new()
-                .symlink("etc", "../../..")
-                .symlink("deep", "a/../../../../../.."),
-        ),
-        plain(LayerBuilder::new().file("etc/passwd", b"pw", 0o644).file(
-            "deep/shadow",
-            b"sh",
-            0o644,
-        )),
+        plain(LayerBuilder::new().symlink("etc", "../../..").symlink("deep", "a/../../../../../..")),
+        plain(LayerBuilder::new().file("etc/passwd", b"pw", 0o644).file("deep/shadow", b"sh", 0o644)),
     ]);
     let rootfs = store.rootfs(&rec);
     // "../../.." from the tree root is the tree root.
     assert_eq!(fs::read(rootfs.join("passwd")).unwrap(), b"pw");
     assert_eq!(fs::read(rootfs.join("shadow")).unwrap(), b"sh");
-    assert!(
-        rootfs.join("a").is_dir(),
-        "the dangling part of the chain is created inside"
-    );
+    assert!(rootfs.join("a").is_dir(), "the dangling part of the chain is created inside");
 }
 
 #[test]
@@ -238,14 +161,8 @@ fn symlink_then_write_in_same_layer_stays_inside() {
     assert_eq!(env.outside_snapshot(), outside);
     let rootfs = store.rootfs(&rec);
     assert_eq!(fs::read(rootfs.join("escaped")).unwrap(), b"e");
-    assert_eq!(
-        fs::read(inside(&rootfs, &env.outside).join("secret")).unwrap(),
-        b"overwritten?"
-    );
-    assert_eq!(
-        fs::read(inside(&rootfs, &env.outside).join("new/f")).unwrap(),
-        b"f"
-    );
+    assert_eq!(fs::read(inside(&rootfs, &env.outside).join("secret")).unwrap(), b"overwritten?");
+    assert_eq!(fs::read(inside(&rootfs, &env.outside).join("new/f")).unwrap(), b"f");
     assert!(!env.outside.join("new").exists());
     env.assert_store_clean();
 }
@@ -276,10 +193,7 @@ fn replacing_a_symlink_never_writes_through_it() {
     ];
     let path = env.archive("replace.tar", &docker_image("replace", layers));
     let mut outside = env.outside_snapshot();
-    outside.insert(
-        PathBuf::from("replace.tar"),
-        sha256(&fs::read(&path).unwrap()),
-    );
+    outside.insert(PathBuf::from("replace.tar"), sha256(&fs::read(&path).unwrap()));
     let rec = store.import(&path).unwrap().remove(0);
     assert_eq!(env.outside_snapshot(), outside, "host files touched");
     let rootfs = store.rootfs(&rec);
@@ -289,27 +203,20 @@ fn replacing_a_symlink_never_writes_through_it() {
     assert!(fs::symlink_metadata(rootfs.join("x")).unwrap().is_dir());
     assert_eq!(fs::read(rootfs.join("x/secret")).unwrap(), b"inside");
     // A hardlink to a symlink links the symlink itself.
-    assert!(fs::symlink_metadata(rootfs.join("hl"))
-        .unwrap()
-        .file_type()
-        .is_symlink());
+    assert!(fs::symlink_metadata(rootfs.join("hl")).unwrap().file_type().is_symlink());
     env.assert_store_clean();
 }
 
 #[test]
 fn hardlink_escapes_refused() {
-    let err = refused_layers(vec![plain(
-        LayerBuilder::new().hardlink("h", "../outside/secret"),
-    )]);
+    let err = refused_layers(vec![plain(LayerBuilder::new().hardlink("h", "../outside/secret"))]);
     assert_unsafe(&err, "h");
     assert!(err.to_string().contains(".."), "{err}");
 
     // Absolute host path: interpreted inside the image, where it does not exist.
     let (env, _) = seeded();
     let secret = env.outside.join("secret");
-    let err = refused_layers(vec![plain(
-        LayerBuilder::new().hardlink("h", secret.to_str().unwrap()),
-    )]);
+    let err = refused_layers(vec![plain(LayerBuilder::new().hardlink("h", secret.to_str().unwrap()))]);
     assert_unsafe(&err, "h");
 
     // Through a symlinked directory pointing at the host.
@@ -323,46 +230,25 @@ fn hardlink_escapes_refused() {
     let err = refused_layers(vec![plain(LayerBuilder::new().hardlink("h", "nope"))]);
     assert_unsafe(&err, "h");
     assert!(err.to_string().contains("does not exist"), "{err}");
-    let err = refused_layers(vec![plain(
-        LayerBuilder::new().dir("d/", 0o755).hardlink("h", "d"),
-    )]);
+    let err = refused_layers(vec![plain(LayerBuilder::new().dir("d/", 0o755).hardlink("h", "d"))]);
     assert_unsafe(&err, "h");
 }
 
 #[test]
 fn absurd_sizes_refused() {
     // Plain layer: more than 64 GiB, and more than the layer holds.
-    let err = refused_layers(vec![plain(LayerBuilder::new().lying_size(
-        "huge",
-        100 * GIB,
-        b"abc",
-    ))]);
+    let err = refused_layers(vec![plain(LayerBuilder::new().lying_size("huge", 100 * GIB, b"abc"))]);
     assert_unsafe(&err, "huge");
-    let err = refused_layers(vec![plain(LayerBuilder::new().lying_size(
-        "big",
-        10 << 20,
-        b"abc",
-    ))]);
+    let err = refused_layers(vec![plain(LayerBuilder::new().lying_size("big", 10 << 20, b"abc"))]);
     assert_unsafe(&err, "big");
     // Compressed layer: over the hard limit.
-    let err = refused_layers(vec![Layer::new(
-        LayerBuilder::new()
-            .lying_size("huge", 65 * GIB, b"abc")
-            .build(),
-        Comp::Zstd,
-    )]);
+    let err =
+        refused_layers(vec![Layer::new(LayerBuilder::new().lying_size("huge", 65 * GIB, b"abc").build(), Comp::Zstd)]);
     assert_unsafe(&err, "huge");
     // Compressed layer claiming more than it has: truncated.
-    let err = refused_layers(vec![Layer::new(
-        LayerBuilder::new()
-            .lying_size("short", 10 << 20, b"abc")
-            .build(),
-        Comp::Gzip,
-    )]);
-    assert!(
-        matches!(&err, Error::BadArchive { entry: Some(e), .. } if e == "short"),
-        "{err:?}"
-    );
+    let err =
+        refused_layers(vec![Layer::new(LayerBuilder::new().lying_size("short", 10 << 20, b"abc").build(), Comp::Gzip)]);
+    assert!(matches!(&err, Error::BadArchive { entry: Some(e), .. } if e == "short"), "{err:?}");
 }
 
 #[test]
@@ -374,10 +260,7 @@ fn oversized_extension_header_refused() {
     h.set_size(6 << 20);
     h.set_mode(0o644);
     h.set_cksum();
-    let layer = LayerBuilder::new()
-        .raw(&h, &vec![b'a'; 6 << 20])
-        .file("x", b"x", 0o644)
-        .build();
+    let layer = LayerBuilder::new().raw(&h, &vec![b'a'; 6 << 20]).file("x", b"x", 0o644).build();
     let err = refused_layers(vec![Layer::new(layer, Comp::Gzip)]);
     assert!(matches!(err, Error::Unsafe { .. }), "{err:?}");
 }
@@ -391,10 +274,7 @@ fn outer_archive_absurd_member_size_refused() {
     let (env, store) = seeded();
     let before = listing(&store);
     let err = store.import(&env.write("outer.tar", &outer)).unwrap_err();
-    assert!(
-        matches!(&err, Error::BadArchive { entry: Some(e), .. } if e == "index.json"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, Error::BadArchive { entry: Some(e), .. } if e == "index.json"), "{err:?}");
     assert_eq!(listing(&store), before);
     env.assert_store_clean();
 }

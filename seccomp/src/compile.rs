@@ -21,8 +21,8 @@
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
-    SeccompFilter, SeccompRule, TargetArch,
+    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
 };
 
 use crate::rules::{Action, FilterKind, Rule, When};
@@ -60,12 +60,7 @@ pub(crate) const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 pub(crate) const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    }
+    sock_filter { code, jt: 0, jf: 0, k }
 }
 
 fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
@@ -99,20 +94,12 @@ fn prologue() -> BpfProgram {
 /// Compiles one filter's rule table.
 pub(crate) fn compile(kind: FilterKind, rules: &[Rule]) -> Result<BpfProgram, Error> {
     let groups = group_by_errno(kind, rules)?;
-    let compile_err = |source| Error::Compile {
-        filter: kind,
-        source,
-    };
+    let compile_err = |source| Error::Compile { filter: kind, source };
 
     let mut segments = Vec::with_capacity(groups.len());
     for (errno, table) in groups {
-        let filter = SeccompFilter::new(
-            table,
-            SeccompAction::Allow,
-            SeccompAction::Errno(errno as u32),
-            TARGET_ARCH,
-        )
-        .map_err(compile_err)?;
+        let filter = SeccompFilter::new(table, SeccompAction::Allow, SeccompAction::Errno(errno as u32), TARGET_ARCH)
+            .map_err(compile_err)?;
         let segment: BpfProgram = filter.try_into().map_err(compile_err)?;
         segments.push(segment);
     }
@@ -130,11 +117,7 @@ pub(crate) fn compile(kind: FilterKind, rules: &[Rule]) -> Result<BpfProgram, Er
     }
 
     if program.len() > BPF_MAX_LEN {
-        return Err(Error::TooLarge {
-            filter: kind,
-            len: program.len(),
-            max: BPF_MAX_LEN,
-        });
+        return Err(Error::TooLarge { filter: kind, len: program.len(), max: BPF_MAX_LEN });
     }
     Ok(program)
 }
@@ -159,10 +142,7 @@ fn group_by_errno(kind: FilterKind, rules: &[Rule]) -> Result<BTreeMap<i32, Tabl
         filter: kind,
         reason: format!("{} ({}): {why}", rule.name, rule.sysno),
     };
-    let compile_err = |source| Error::Compile {
-        filter: kind,
-        source,
-    };
+    let compile_err = |source| Error::Compile { filter: kind, source };
 
     let mut action_of: BTreeMap<i64, Action> = BTreeMap::new();
     let mut groups: BTreeMap<i32, Table> = BTreeMap::new();
@@ -203,8 +183,7 @@ fn group_by_errno(kind: FilterKind, rules: &[Rule]) -> Result<BTreeMap<i32, Tabl
 /// The seccompiler rules (an OR of ANDs of conditions) for a condition; empty for `Always`.
 fn seccomp_rules(when: &When) -> Result<Vec<Vec<SeccompCondition>>, &'static str> {
     let cond = |arg: u8, op: SeccompCmpOp, value: u64| {
-        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
-            .map_err(|_| "argument index out of range")
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(|_| "argument index out of range")
     };
     let check_values = |values: &[u64]| {
         if values.is_empty() {
@@ -230,17 +209,11 @@ fn seccomp_rules(when: &When) -> Result<Vec<Vec<SeccompCondition>>, &'static str
         }
         When::ArgIn { arg, values } => {
             check_values(values)?;
-            values
-                .iter()
-                .map(|v| Ok(vec![cond(arg, SeccompCmpOp::Eq, *v)?]))
-                .collect()
+            values.iter().map(|v| Ok(vec![cond(arg, SeccompCmpOp::Eq, *v)?])).collect()
         }
         When::ArgNotIn { arg, values } => {
             check_values(values)?;
-            let all = values
-                .iter()
-                .map(|v| cond(arg, SeccompCmpOp::Ne, *v))
-                .collect::<Result<Vec<_>, _>>()?;
+            let all = values.iter().map(|v| cond(arg, SeccompCmpOp::Ne, *v)).collect::<Result<Vec<_>, _>>()?;
             Ok(vec![all])
         }
     }

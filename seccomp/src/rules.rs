@@ -194,13 +194,7 @@ pub(crate) fn is_worker_specific(rule: &Rule) -> bool {
 
 const fn strip_sys_prefix(s: &'static str) -> &'static str {
     let bytes = s.as_bytes();
-    assert!(
-        bytes.len() > 4
-            && bytes[0] == b'S'
-            && bytes[1] == b'Y'
-            && bytes[2] == b'S'
-            && bytes[3] == b'_'
-    );
+    assert!(bytes.len() > 4 && bytes[0] == b'S' && bytes[1] == b'Y' && bytes[2] == b'S' && bytes[3] == b'_');
     let (_, rest) = bytes.split_at(4);
     match std::str::from_utf8(rest) {
         Ok(name) => name,
@@ -451,22 +445,39 @@ pub static SANDBOX: &[Rule] = &[
 /// The worker's own rules. The worker filter is the sandbox filter with these replacing the
 /// sandbox rules for the same syscalls, and the rest appended.
 pub static WORKER: &[Rule] = &[
-    rule!(SYS_unshare, EPERM, Always,
-        "The worker has made its sandbox and never unshares anything again, with or without namespace flags."),
-    rule!(SYS_execve, EPERM, Always,
-        "The worker has spawned its sandbox and never execs; a hijacked worker cannot turn into another program."),
-    rule!(SYS_execveat, EPERM, Always,
-        "Same as execve, through a directory fd."),
-    rule!(SYS_ptrace, EPERM, Always,
-        "The worker never traces; a hijacked worker must not take over its sandbox's processes."),
-    rule!(SYS_process_vm_readv, EPERM, Always,
-        "The worker never reads other processes' memory."),
-    rule!(SYS_process_vm_writev, EPERM, Always,
-        "The worker never writes other processes' memory."),
-    rule!(SYS_socket, EAFNOSUPPORT, When::ArgNotIn { arg: 0, values: &[libc::AF_UNIX as u64] },
-        "The worker serves gRPC on a Unix socket only: no IP, netlink, packet or vsock sockets."),
-    rule!(SYS_chroot, EPERM, Always,
-        "The worker's root is fixed; changing it only helps an attacker confuse path checks."),
+    rule!(
+        SYS_unshare,
+        EPERM,
+        Always,
+        "The worker has made its sandbox and never unshares anything again, with or without namespace flags."
+    ),
+    rule!(
+        SYS_execve,
+        EPERM,
+        Always,
+        "The worker has spawned its sandbox and never execs; a hijacked worker cannot turn into another program."
+    ),
+    rule!(SYS_execveat, EPERM, Always, "Same as execve, through a directory fd."),
+    rule!(
+        SYS_ptrace,
+        EPERM,
+        Always,
+        "The worker never traces; a hijacked worker must not take over its sandbox's processes."
+    ),
+    rule!(SYS_process_vm_readv, EPERM, Always, "The worker never reads other processes' memory."),
+    rule!(SYS_process_vm_writev, EPERM, Always, "The worker never writes other processes' memory."),
+    rule!(
+        SYS_socket,
+        EAFNOSUPPORT,
+        When::ArgNotIn { arg: 0, values: &[libc::AF_UNIX as u64] },
+        "The worker serves gRPC on a Unix socket only: no IP, netlink, packet or vsock sockets."
+    ),
+    rule!(
+        SYS_chroot,
+        EPERM,
+        Always,
+        "The worker's root is fixed; changing it only helps an attacker confuse path checks."
+    ),
 ];
 
 /// The rule tables of both filters as Markdown: the content of `seccomp/RULES.md`.
@@ -535,11 +546,7 @@ pub fn rules_markdown() -> String {
     );
     md.push_str("| Syscall | Nr | Action | When | From | Why |\n|---|---:|---|---|---|---|\n");
     for r in rules(FilterKind::Worker) {
-        let from = if is_worker_specific(r) {
-            "worker"
-        } else {
-            "sandbox"
-        };
+        let from = if is_worker_specific(r) { "worker" } else { "sandbox" };
         let _ = writeln!(
             md,
             "| `{}` | {} | {} | {} | {} | {} |",

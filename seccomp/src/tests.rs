@@ -6,9 +6,7 @@ use std::collections::BTreeSet;
 
 use seccompiler::sock_filter;
 
-use crate::compile::{
-    compile, BPF_JMP_JA, BPF_JMP_JEQ_K, BPF_JMP_JGE_K, BPF_LD_W_ABS, BPF_MAX_LEN, BPF_RET_K,
-};
+use crate::compile::{compile, BPF_JMP_JA, BPF_JMP_JEQ_K, BPF_JMP_JGE_K, BPF_LD_W_ABS, BPF_MAX_LEN, BPF_RET_K};
 use crate::rules::{rules, rules_markdown, Action, FilterKind, Rule, When};
 use crate::{filter, Error};
 
@@ -45,10 +43,7 @@ fn run(prog: &[sock_filter], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
         match insn.code {
             BPF_LD_W_ABS => {
                 let off = k as usize;
-                assert!(
-                    off & 3 == 0 && off + 4 <= data.len(),
-                    "bad load offset {off}"
-                );
+                assert!(off & 3 == 0 && off + 4 <= data.len(), "bad load offset {off}");
                 acc = u32::from_ne_bytes(data[off..off + 4].try_into().unwrap());
             }
             BPF_JMP_JA => pc += k as usize,
@@ -129,21 +124,9 @@ fn every_rule_has_a_one_line_justification() {
     for kind in FilterKind::ALL {
         for rule in rules(kind) {
             let why = rule.justification.trim();
-            assert!(
-                !why.is_empty(),
-                "{kind}: {} has no justification",
-                rule.name
-            );
-            assert!(
-                !why.contains('\n'),
-                "{kind}: {} justification spans lines",
-                rule.name
-            );
-            assert!(
-                why.ends_with('.'),
-                "{kind}: {} justification is not a sentence",
-                rule.name
-            );
+            assert!(!why.is_empty(), "{kind}: {} has no justification", rule.name);
+            assert!(!why.contains('\n'), "{kind}: {} justification spans lines", rule.name);
+            assert!(why.ends_with('.'), "{kind}: {} justification is not a sentence", rule.name);
             assert!(!rule.name.is_empty() && rule.sysno >= 0);
         }
     }
@@ -154,11 +137,7 @@ fn each_syscall_appears_once_per_filter() {
     for kind in FilterKind::ALL {
         let mut seen = BTreeSet::new();
         for rule in rules(kind) {
-            assert!(
-                seen.insert(rule.sysno),
-                "{kind}: {} listed twice",
-                rule.name
-            );
+            assert!(seen.insert(rule.sysno), "{kind}: {} listed twice", rule.name);
         }
     }
 }
@@ -167,11 +146,7 @@ fn each_syscall_appears_once_per_filter() {
 fn both_filters_compile_within_the_kernel_limit() {
     for kind in FilterKind::ALL {
         let prog = filter(kind).unwrap();
-        assert!(
-            prog.len() > 100 && prog.len() <= BPF_MAX_LEN,
-            "{kind}: {}",
-            prog.len()
-        );
+        assert!(prog.len() > 100 && prog.len() <= BPF_MAX_LEN, "{kind}: {}", prog.len());
     }
 }
 
@@ -217,19 +192,9 @@ fn foreign_architectures_are_killed() {
 fn x32_syscalls_are_refused() {
     for kind in FilterKind::ALL {
         let prog = filter(kind).unwrap();
-        for nr in [
-            0,
-            libc::SYS_getpid as u32,
-            libc::SYS_mount as u32,
-            512,
-            0x3fff_ffff,
-        ] {
+        for nr in [0, libc::SYS_getpid as u32, libc::SYS_mount as u32, 512, 0x3fff_ffff] {
             let x32 = nr | crate::compile::X32_SYSCALL_BIT;
-            assert_eq!(
-                run(&prog, x32, ARCH, [0; 6]),
-                errno_ret(libc::EPERM),
-                "{kind}: {x32:#x}"
-            );
+            assert_eq!(run(&prog, x32, ARCH, [0; 6]), errno_ret(libc::EPERM), "{kind}: {x32:#x}");
         }
         assert_eq!(run(&prog, libc::SYS_getpid as u32, ARCH, [0; 6]), ALLOW);
     }
@@ -245,20 +210,14 @@ fn worker_refuses_everything_the_sandbox_refuses() {
             let s = run(&sandbox, nr, ARCH, args);
             if s != ALLOW {
                 let w = run(&worker, nr, ARCH, args);
-                assert_ne!(
-                    w, ALLOW,
-                    "worker allows {nr} {args:x?} which the sandbox refuses"
-                );
+                assert_ne!(w, ALLOW, "worker allows {nr} {args:x?} which the sandbox refuses");
             }
         }
     }
 }
 
 fn action_of(kind: FilterKind, name: &str) -> Option<(Action, When)> {
-    rules(kind)
-        .iter()
-        .find(|r| r.name == name)
-        .map(|r| (r.action, r.when))
+    rules(kind).iter().find(|r| r.name == name).map(|r| (r.action, r.when))
 }
 
 #[test]
@@ -284,188 +243,60 @@ fn the_brief_is_covered() {
     ];
     for kind in FilterKind::ALL {
         for name in always_denied {
-            assert_eq!(
-                action_of(kind, name),
-                Some((eperm, When::Always)),
-                "{kind}: {name}"
-            );
+            assert_eq!(action_of(kind, name), Some((eperm, When::Always)), "{kind}: {name}");
         }
-        assert_eq!(
-            action_of(kind, "clone3"),
-            Some((Action::Errno(libc::ENOSYS), When::Always))
-        );
-        assert_eq!(
-            action_of(kind, "clone"),
-            Some((
-                eperm,
-                When::ArgAnyBit {
-                    arg: 0,
-                    mask: 0x7e02_0000
-                }
-            ))
-        );
+        assert_eq!(action_of(kind, "clone3"), Some((Action::Errno(libc::ENOSYS), When::Always)));
+        assert_eq!(action_of(kind, "clone"), Some((eperm, When::ArgAnyBit { arg: 0, mask: 0x7e02_0000 })));
         assert_eq!(
             action_of(kind, "personality"),
-            Some((
-                eperm,
-                When::ArgNotIn {
-                    arg: 0,
-                    values: &[0, 8, 0x20000, 0x20008, 0xffff_ffff]
-                }
-            ))
+            Some((eperm, When::ArgNotIn { arg: 0, values: &[0, 8, 0x20000, 0x20008, 0xffff_ffff] }))
         );
     }
-    assert_eq!(
-        action_of(FilterKind::Sandbox, "unshare"),
-        Some((
-            eperm,
-            When::ArgAnyBit {
-                arg: 0,
-                mask: 0x7e02_0080
-            }
-        ))
-    );
+    assert_eq!(action_of(FilterKind::Sandbox, "unshare"), Some((eperm, When::ArgAnyBit { arg: 0, mask: 0x7e02_0080 })));
     for name in ["ptrace", "process_vm_readv", "process_vm_writev"] {
-        assert_eq!(
-            action_of(FilterKind::Sandbox, name),
-            Some((Action::Allow, When::Always))
-        );
-        assert_eq!(
-            action_of(FilterKind::Worker, name),
-            Some((eperm, When::Always))
-        );
+        assert_eq!(action_of(FilterKind::Sandbox, name), Some((Action::Allow, When::Always)));
+        assert_eq!(action_of(FilterKind::Worker, name), Some((eperm, When::Always)));
     }
     for name in ["execve", "execveat", "unshare", "chroot"] {
-        assert_eq!(
-            action_of(FilterKind::Worker, name),
-            Some((eperm, When::Always)),
-            "{name}"
-        );
-        assert_ne!(
-            action_of(FilterKind::Sandbox, name),
-            Some((eperm, When::Always)),
-            "{name}"
-        );
+        assert_eq!(action_of(FilterKind::Worker, name), Some((eperm, When::Always)), "{name}");
+        assert_ne!(action_of(FilterKind::Sandbox, name), Some((eperm, When::Always)), "{name}");
     }
     assert_eq!(
         action_of(FilterKind::Worker, "socket"),
-        Some((
-            Action::Errno(libc::EAFNOSUPPORT),
-            When::ArgNotIn {
-                arg: 0,
-                values: &[libc::AF_UNIX as u64]
-            }
-        ))
+        Some((Action::Errno(libc::EAFNOSUPPORT), When::ArgNotIn { arg: 0, values: &[libc::AF_UNIX as u64] }))
     );
 }
 
 #[test]
 fn inconsistent_tables_are_rejected() {
     fn rule(sysno: i64, action: Action, when: When, justification: &'static str) -> Rule {
-        Rule {
-            name: "probe",
-            sysno,
-            action,
-            when,
-            justification,
-        }
+        Rule { name: "probe", sysno, action, when, justification }
     }
     let eperm = Action::Errno(libc::EPERM);
     let bad: Vec<Vec<Rule>> = vec![
         vec![rule(1, eperm, When::Always, " ")],
-        vec![
-            rule(1, eperm, When::Always, "x."),
-            rule(1, Action::Errno(libc::ENOSYS), When::Always, "x."),
-        ],
-        vec![rule(
-            1,
-            Action::Allow,
-            When::ArgIn {
-                arg: 0,
-                values: &[1],
-            },
-            "x.",
-        )],
+        vec![rule(1, eperm, When::Always, "x."), rule(1, Action::Errno(libc::ENOSYS), When::Always, "x.")],
+        vec![rule(1, Action::Allow, When::ArgIn { arg: 0, values: &[1] }, "x.")],
         vec![rule(1, Action::Errno(0), When::Always, "x.")],
-        vec![rule(
-            1,
-            eperm,
-            When::ArgIn {
-                arg: 0,
-                values: &[],
-            },
-            "x.",
-        )],
-        vec![rule(
-            1,
-            eperm,
-            When::ArgIn {
-                arg: 0,
-                values: &[1 << 32],
-            },
-            "x.",
-        )],
+        vec![rule(1, eperm, When::ArgIn { arg: 0, values: &[] }, "x.")],
+        vec![rule(1, eperm, When::ArgIn { arg: 0, values: &[1 << 32] }, "x.")],
         vec![rule(1, eperm, When::ArgAnyBit { arg: 0, mask: 0 }, "x.")],
-        vec![rule(
-            1,
-            eperm,
-            When::ArgIn {
-                arg: 6,
-                values: &[1],
-            },
-            "x.",
-        )],
-        vec![
-            rule(1, eperm, When::Always, "x."),
-            rule(
-                1,
-                eperm,
-                When::ArgIn {
-                    arg: 0,
-                    values: &[1],
-                },
-                "x.",
-            ),
-        ],
+        vec![rule(1, eperm, When::ArgIn { arg: 6, values: &[1] }, "x.")],
+        vec![rule(1, eperm, When::Always, "x."), rule(1, eperm, When::ArgIn { arg: 0, values: &[1] }, "x.")],
     ];
     for table in bad {
         let err = compile(FilterKind::Sandbox, &table).unwrap_err();
-        assert!(
-            matches!(err, Error::InvalidRules { .. }),
-            "{table:?}: {err}"
-        );
+        assert!(matches!(err, Error::InvalidRules { .. }), "{table:?}: {err}");
     }
     // The same shapes, made consistent, compile.
     let good = [
-        rule(
-            1,
-            eperm,
-            When::ArgIn {
-                arg: 0,
-                values: &[1],
-            },
-            "x.",
-        ),
-        rule(
-            1,
-            eperm,
-            When::ArgIn {
-                arg: 1,
-                values: &[2],
-            },
-            "x.",
-        ),
+        rule(1, eperm, When::ArgIn { arg: 0, values: &[1] }, "x."),
+        rule(1, eperm, When::ArgIn { arg: 1, values: &[2] }, "x."),
         rule(2, Action::Allow, When::Always, "x."),
     ];
     let prog = compile(FilterKind::Sandbox, &good).unwrap();
-    assert_eq!(
-        run(&prog, 1, ARCH, [1, 0, 0, 0, 0, 0]),
-        errno_ret(libc::EPERM)
-    );
-    assert_eq!(
-        run(&prog, 1, ARCH, [0, 2, 0, 0, 0, 0]),
-        errno_ret(libc::EPERM)
-    );
+    assert_eq!(run(&prog, 1, ARCH, [1, 0, 0, 0, 0, 0]), errno_ret(libc::EPERM));
+    assert_eq!(run(&prog, 1, ARCH, [0, 2, 0, 0, 0, 0]), errno_ret(libc::EPERM));
     assert_eq!(run(&prog, 1, ARCH, [0, 1, 0, 0, 0, 0]), ALLOW);
     assert_eq!(run(&prog, 2, ARCH, [0; 6]), ALLOW);
     // Nothing to deny: the program still checks the architecture and then allows.
@@ -475,10 +306,7 @@ fn inconsistent_tables_are_rejected() {
 
 #[test]
 fn empty_program_is_not_installed() {
-    let err = std::thread::spawn(|| crate::apply_to_thread(&Vec::new()))
-        .join()
-        .unwrap()
-        .unwrap_err();
+    let err = std::thread::spawn(|| crate::apply_to_thread(&Vec::new())).join().unwrap().unwrap_err();
     assert!(matches!(err, Error::EmptyProgram), "{err}");
 }
 
@@ -511,8 +339,5 @@ fn markdown_lists_every_rule_of_both_filters() {
         }
     }
     let rows = md.lines().filter(|l| l.starts_with("| `")).count();
-    assert_eq!(
-        rows,
-        rules(FilterKind::Sandbox).len() + rules(FilterKind::Worker).len()
-    );
+    assert_eq!(rows, rules(FilterKind::Sandbox).len() + rules(FilterKind::Worker).len());
 }

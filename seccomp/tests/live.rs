@@ -61,13 +61,7 @@ fn umount2_bad_flags() -> Outcome {
 
 fn pivot_root() -> Outcome {
     // SAFETY: 'static C strings; missing paths fail with ENOENT.
-    outcome(unsafe {
-        libc::syscall(
-            libc::SYS_pivot_root,
-            NO_SUCH_PATH.as_ptr(),
-            NO_SUCH_PATH.as_ptr(),
-        )
-    })
+    outcome(unsafe { libc::syscall(libc::SYS_pivot_root, NO_SUCH_PATH.as_ptr(), NO_SUCH_PATH.as_ptr()) })
 }
 
 fn unshare(flags: libc::c_int) -> Outcome {
@@ -104,25 +98,12 @@ fn setns() -> Outcome {
 fn open_tree() -> Outcome {
     const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
     // SAFETY: 'static C string; without OPEN_TREE_CLONE this only opens an O_PATH fd of "/".
-    closed(outcome(unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c"/".as_ptr(),
-            OPEN_TREE_CLOEXEC,
-        )
-    }))
+    closed(outcome(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c"/".as_ptr(), OPEN_TREE_CLOEXEC) }))
 }
 
 fn fsopen() -> Outcome {
     // SAFETY: 'static C string; an unknown filesystem type is ENODEV.
-    closed(outcome(unsafe {
-        libc::syscall(
-            libc::SYS_fsopen,
-            c"pvisor-no-such-fs".as_ptr(),
-            0 as libc::c_uint,
-        )
-    }))
+    closed(outcome(unsafe { libc::syscall(libc::SYS_fsopen, c"pvisor-no-such-fs".as_ptr(), 0 as libc::c_uint) }))
 }
 
 fn keyctl() -> Outcome {
@@ -147,37 +128,19 @@ fn add_key() -> Outcome {
 fn bpf() -> Outcome {
     // SAFETY: an unknown command with size 0 reads nothing and is EINVAL.
     outcome(unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            0x7fff as libc::c_int,
-            ptr::null::<libc::c_void>(),
-            0 as libc::c_uint,
-        )
+        libc::syscall(libc::SYS_bpf, 0x7fff as libc::c_int, ptr::null::<libc::c_void>(), 0 as libc::c_uint)
     })
 }
 
 fn init_module() -> Outcome {
     // SAFETY: null image of length 0 loads nothing (EFAULT/ENOEXEC, or ENOSYS without modules).
-    outcome(unsafe {
-        libc::syscall(
-            libc::SYS_init_module,
-            ptr::null::<libc::c_void>(),
-            0usize,
-            c"".as_ptr(),
-        )
-    })
+    outcome(unsafe { libc::syscall(libc::SYS_init_module, ptr::null::<libc::c_void>(), 0usize, c"".as_ptr()) })
 }
 
 fn kexec_load() -> Outcome {
     // SAFETY: undefined flag bits are EINVAL (ENOSYS without kexec); nothing is loaded.
     outcome(unsafe {
-        libc::syscall(
-            libc::SYS_kexec_load,
-            0usize,
-            0usize,
-            ptr::null::<libc::c_void>(),
-            0xdead_0000 as libc::c_ulong,
-        )
+        libc::syscall(libc::SYS_kexec_load, 0usize, 0usize, ptr::null::<libc::c_void>(), 0xdead_0000 as libc::c_ulong)
     })
 }
 
@@ -195,10 +158,7 @@ fn reboot_bad_magic() -> Outcome {
 }
 
 fn clock_settime_monotonic() -> Outcome {
-    let ts = libc::timespec {
-        tv_sec: 1,
-        tv_nsec: 0,
-    };
+    let ts = libc::timespec { tv_sec: 1, tv_nsec: 0 };
     // SAFETY: `ts` outlives the call; CLOCK_MONOTONIC cannot be set (EINVAL).
     outcome(unsafe { libc::syscall(libc::SYS_clock_settime, libc::CLOCK_MONOTONIC, &ts) })
 }
@@ -219,20 +179,12 @@ fn perf_event_open() -> Outcome {
 
 fn io_uring_setup() -> Outcome {
     // SAFETY: a null params pointer is EFAULT.
-    closed(outcome(unsafe {
-        libc::syscall(
-            libc::SYS_io_uring_setup,
-            1 as libc::c_uint,
-            ptr::null::<libc::c_void>(),
-        )
-    }))
+    closed(outcome(unsafe { libc::syscall(libc::SYS_io_uring_setup, 1 as libc::c_uint, ptr::null::<libc::c_void>()) }))
 }
 
 fn userfaultfd_bad_flags() -> Outcome {
     // SAFETY: undefined flag bits are EINVAL.
-    closed(outcome(unsafe {
-        libc::syscall(libc::SYS_userfaultfd, 0x7fff_0000 as libc::c_int)
-    }))
+    closed(outcome(unsafe { libc::syscall(libc::SYS_userfaultfd, 0x7fff_0000 as libc::c_int) }))
 }
 
 fn name_to_handle_at() -> Outcome {
@@ -272,22 +224,14 @@ fn personality_no_randomize() -> Outcome {
 
 fn socket(domain: libc::c_int, ty: libc::c_int, protocol: libc::c_int) -> Outcome {
     // SAFETY: socket takes integers; a returned fd is closed.
-    closed(outcome(unsafe {
-        libc::syscall(libc::SYS_socket, domain, ty | libc::SOCK_CLOEXEC, protocol)
-    }))
+    closed(outcome(unsafe { libc::syscall(libc::SYS_socket, domain, ty | libc::SOCK_CLOEXEC, protocol) }))
 }
 
 fn socketpair_unix() -> Outcome {
     let mut fds = [-1 as libc::c_int; 2];
     // SAFETY: `fds` has room for the two descriptors and outlives the call.
     let r = outcome(unsafe {
-        libc::syscall(
-            libc::SYS_socketpair,
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
+        libc::syscall(libc::SYS_socketpair, libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr())
     });
     if r.is_ok() {
         closed(Ok(fds[0].into())).unwrap();
@@ -308,14 +252,7 @@ fn execve() -> Outcome {
     let envp = [ptr::null::<libc::c_char>()];
     // SAFETY: argv/envp are null-terminated arrays of 'static C strings that outlive the call;
     // the program does not exist, so nothing replaces this process (ENOENT).
-    outcome(unsafe {
-        libc::syscall(
-            libc::SYS_execve,
-            NO_SUCH_PATH.as_ptr(),
-            argv.as_ptr(),
-            envp.as_ptr(),
-        )
-    })
+    outcome(unsafe { libc::syscall(libc::SYS_execve, NO_SUCH_PATH.as_ptr(), argv.as_ptr(), envp.as_ptr()) })
 }
 
 fn execveat() -> Outcome {
@@ -336,15 +273,7 @@ fn execveat() -> Outcome {
 
 fn ptrace_missing_pid() -> Outcome {
     // SAFETY: PTRACE_PEEKDATA on a pid that cannot exist is ESRCH; nothing is traced.
-    outcome(unsafe {
-        libc::syscall(
-            libc::SYS_ptrace,
-            libc::PTRACE_PEEKDATA,
-            libc::pid_t::MAX,
-            0usize,
-            0usize,
-        )
-    })
+    outcome(unsafe { libc::syscall(libc::SYS_ptrace, libc::PTRACE_PEEKDATA, libc::pid_t::MAX, 0usize, 0usize) })
 }
 
 fn process_vm_readv_bad_flags() -> Outcome {
@@ -393,11 +322,8 @@ fn fork_and_wait() -> Outcome {
 
 /// Writes, reopens and reads back a temporary file.
 fn temp_file_round_trip() -> Outcome {
-    let path = std::env::temp_dir().join(format!(
-        "pvisor-seccomp-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
+    let path =
+        std::env::temp_dir().join(format!("pvisor-seccomp-{}-{:?}", std::process::id(), std::thread::current().id()));
     let io = (|| {
         std::fs::write(&path, b"seccomp")?;
         let back = std::fs::read(&path)?;
@@ -413,10 +339,7 @@ fn temp_file_round_trip() -> Outcome {
 
 /// Spawns and joins a thread (glibc gets ENOSYS from clone3 and must fall back to clone).
 fn spawn_thread() -> Outcome {
-    std::thread::spawn(|| 7)
-        .join()
-        .map(|v| v - 7)
-        .map_err(|_| 0)
+    std::thread::spawn(|| 7).join().map(|v| v - 7).map_err(|_| 0)
 }
 
 fn no_new_privs() -> Outcome {
@@ -479,11 +402,7 @@ fn assert_unaffected(kind: FilterKind, probes: &[(&'static str, Probe)]) {
     let unfiltered = run_in_thread(None, probes);
     let mut failures = Vec::new();
     for (((name, _), with), without) in probes.iter().zip(&filtered).zip(&unfiltered) {
-        let line = format!(
-            "{kind} {name}: filtered {}, unfiltered {}",
-            show(with),
-            show(without)
-        );
+        let line = format!("{kind} {name}: filtered {}, unfiltered {}", show(with), show(without));
         println!("{line}");
         if with != without || *with == Err(libc::EPERM) {
             failures.push(line);
@@ -500,11 +419,7 @@ fn common_refusals() -> Vec<(&'static str, Probe, i32)> {
         ("mount", mount, EPERM),
         ("umount2", umount2_bad_flags, EPERM),
         ("pivot_root", pivot_root, EPERM),
-        (
-            "unshare(CLONE_NEWUSER)",
-            || unshare(libc::CLONE_NEWUSER),
-            EPERM,
-        ),
+        ("unshare(CLONE_NEWUSER)", || unshare(libc::CLONE_NEWUSER), EPERM),
         ("clone(CLONE_NEWNET)", clone_newnet, EPERM),
         ("clone(CLONE_NEWUSER)", clone_newuser, EPERM),
         ("clone3", clone3, libc::ENOSYS),
@@ -522,16 +437,8 @@ fn common_refusals() -> Vec<(&'static str, Probe, i32)> {
         ("io_uring_setup", io_uring_setup, EPERM),
         ("userfaultfd", userfaultfd_bad_flags, EPERM),
         ("name_to_handle_at", name_to_handle_at, EPERM),
-        (
-            "ioctl(TIOCSTI)",
-            || ioctl(libc::TIOCSTI as libc::c_ulong),
-            EPERM,
-        ),
-        (
-            "personality(ADDR_NO_RANDOMIZE)",
-            personality_no_randomize,
-            EPERM,
-        ),
+        ("ioctl(TIOCSTI)", || ioctl(libc::TIOCSTI as libc::c_ulong), EPERM),
+        ("personality(ADDR_NO_RANDOMIZE)", personality_no_randomize, EPERM),
         #[cfg(target_arch = "x86_64")]
         ("x32 getpid", x32_getpid, EPERM),
     ]
@@ -544,9 +451,7 @@ fn common_allowed() -> Vec<(&'static str, Probe)> {
         ("temp file open/write/read", temp_file_round_trip),
         ("fork + wait", fork_and_wait),
         ("thread spawn", spawn_thread),
-        ("socket(AF_UNIX)", || {
-            socket(libc::AF_UNIX, libc::SOCK_STREAM, 0)
-        }),
+        ("socket(AF_UNIX)", || socket(libc::AF_UNIX, libc::SOCK_STREAM, 0)),
         ("socketpair(AF_UNIX)", socketpair_unix),
         ("personality(query)", || personality(0xffff_ffff)),
         ("personality(PER_LINUX)", || personality(0)),
@@ -557,11 +462,7 @@ fn common_allowed() -> Vec<(&'static str, Probe)> {
 #[test]
 fn sandbox_filter_refuses() {
     let mut probes = common_refusals();
-    probes.push((
-        "socket(AF_VSOCK)",
-        || socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0),
-        EPERM,
-    ));
+    probes.push(("socket(AF_VSOCK)", || socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0), EPERM));
     assert_refused(FilterKind::Sandbox, &probes);
 }
 
@@ -569,22 +470,13 @@ fn sandbox_filter_refuses() {
 fn sandbox_filter_lets_ordinary_work_through() {
     let mut probes = common_allowed();
     probes.extend::<[(&'static str, Probe); 8]>([
-        ("socket(AF_INET)", || {
-            socket(libc::AF_INET, libc::SOCK_DGRAM, 0)
-        }),
-        ("socket(AF_INET6)", || {
-            socket(libc::AF_INET6, libc::SOCK_STREAM, 0)
-        }),
-        ("socket(AF_NETLINK)", || {
-            socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE)
-        }),
+        ("socket(AF_INET)", || socket(libc::AF_INET, libc::SOCK_DGRAM, 0)),
+        ("socket(AF_INET6)", || socket(libc::AF_INET6, libc::SOCK_STREAM, 0)),
+        ("socket(AF_NETLINK)", || socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE)),
         ("unshare(0)", || unshare(0)),
         ("unshare(CLONE_FS)", || unshare(libc::CLONE_FS)),
         ("ptrace (allowed: ESRCH)", ptrace_missing_pid),
-        (
-            "process_vm_readv (allowed: EINVAL)",
-            process_vm_readv_bad_flags,
-        ),
+        ("process_vm_readv (allowed: EINVAL)", process_vm_readv_bad_flags),
         ("execve (allowed: ENOENT)", execve),
     ]);
     assert_unaffected(FilterKind::Sandbox, &probes);
@@ -600,26 +492,10 @@ fn worker_filter_refuses() {
         ("ptrace", ptrace_missing_pid, EPERM),
         ("process_vm_readv", process_vm_readv_bad_flags, EPERM),
         ("chroot", chroot, EPERM),
-        (
-            "socket(AF_INET)",
-            || socket(libc::AF_INET, libc::SOCK_DGRAM, 0),
-            libc::EAFNOSUPPORT,
-        ),
-        (
-            "socket(AF_INET6)",
-            || socket(libc::AF_INET6, libc::SOCK_STREAM, 0),
-            libc::EAFNOSUPPORT,
-        ),
-        (
-            "socket(AF_NETLINK)",
-            || socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
-            libc::EAFNOSUPPORT,
-        ),
-        (
-            "socket(AF_VSOCK)",
-            || socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0),
-            libc::EAFNOSUPPORT,
-        ),
+        ("socket(AF_INET)", || socket(libc::AF_INET, libc::SOCK_DGRAM, 0), libc::EAFNOSUPPORT),
+        ("socket(AF_INET6)", || socket(libc::AF_INET6, libc::SOCK_STREAM, 0), libc::EAFNOSUPPORT),
+        ("socket(AF_NETLINK)", || socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE), libc::EAFNOSUPPORT),
+        ("socket(AF_VSOCK)", || socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0), libc::EAFNOSUPPORT),
     ]);
     assert_refused(FilterKind::Worker, &probes);
 }
@@ -632,10 +508,7 @@ fn worker_filter_lets_ordinary_work_through() {
 #[test]
 fn apply_to_thread_sets_no_new_privs_on_that_thread_only() {
     let probes: [(&'static str, Probe); 1] = [("no_new_privs", no_new_privs)];
-    assert_eq!(
-        run_in_thread(Some(FilterKind::Sandbox), &probes),
-        vec![Ok(1)]
-    );
+    assert_eq!(run_in_thread(Some(FilterKind::Sandbox), &probes), vec![Ok(1)]);
     assert_eq!(run_in_thread(None, &probes), vec![Ok(0)]);
 }
 
@@ -647,13 +520,7 @@ const CHILD_ENV: &str = "PVISOR_SECCOMP_CHILD";
 /// ran and passed.
 fn run_child_test(test: &str) {
     let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            test,
-            "--exact",
-            "--include-ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args([test, "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, test)
         .output()
         .unwrap();
@@ -716,22 +583,13 @@ fn tsync_child() {
     early.join().unwrap();
     assert_eq!(
         after,
-        vec![
-            Err(libc::EPERM),
-            Ok(1),
-            Err(libc::EAFNOSUPPORT),
-            Ok(0),
-            Ok(0)
-        ],
+        vec![Err(libc::EPERM), Ok(1), Err(libc::EAFNOSUPPORT), Ok(0), Ok(0)],
         "pre-existing thread after the filter"
     );
     // The installing thread itself, and a thread created afterwards.
     assert_eq!(execve(), Err(libc::EPERM));
     let later = std::thread::spawn(|| (execve(), socket(libc::AF_INET6, libc::SOCK_STREAM, 0)));
-    assert_eq!(
-        later.join().unwrap(),
-        (Err(libc::EPERM), Err(libc::EAFNOSUPPORT))
-    );
+    assert_eq!(later.join().unwrap(), (Err(libc::EPERM), Err(libc::EAFNOSUPPORT)));
 }
 
 /// Child of `apply_to_all_threads_refuses_threads_with_diverging_filters`.

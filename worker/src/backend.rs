@@ -36,8 +36,6 @@ pub trait Backend {
 pub fn for_kind(kind: BackendKind) -> Result<Box<dyn Backend>> {
     match kind {
         BackendKind::Ns => Ok(Box::new(crate::ns::NsBackend)),
-        BackendKind::Vm => Err(WorkerError::Start(
-            "the vm backend is not available in this build".into(),
-        )),
+        BackendKind::Vm => Err(WorkerError::Start("the vm backend is not available in this build".into())),
     }
 }

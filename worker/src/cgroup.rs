@@ -21,10 +21,7 @@ pub const SANDBOX_LEAF: &str = "sandbox";
 const V1_CONTROLLERS: [&str; 5] = ["memory", "cpu", "cpuacct", "pids", "freezer"];
 
 fn write(path: &Path, value: &str) -> Result<()> {
-    fs::write(path, value).map_err(|source| WorkerError::Cgroup {
-        path: path.display().to_string(),
-        source,
-    })
+    fs::write(path, value).map_err(|source| WorkerError::Cgroup { path: path.display().to_string(), source })
 }
 
 fn read(path: &Path) -> Option<String> {
@@ -65,10 +62,7 @@ fn mounts() -> Vec<Mount> {
 }
 
 fn join_rel(point: &Path, mount_root: &str, own: &str) -> PathBuf {
-    let rel = own
-        .strip_prefix(mount_root)
-        .unwrap_or(own)
-        .trim_start_matches('/');
+    let rel = own.strip_prefix(mount_root).unwrap_or(own).trim_start_matches('/');
     if rel.is_empty() {
         point.to_path_buf()
     } else {
@@ -80,17 +74,12 @@ impl Layout {
     /// Finds the hierarchies of the calling process. Prefers v2 when its
     /// memory controller is available, else v1's memory hierarchy.
     pub fn detect() -> Result<Layout> {
-        let own = fs::read_to_string("/proc/self/cgroup")
-            .map_err(|e| WorkerError::NoCgroup(e.to_string()))?;
+        let own = fs::read_to_string("/proc/self/cgroup").map_err(|e| WorkerError::NoCgroup(e.to_string()))?;
         let mut v2_path = None;
         let mut v1_paths: BTreeMap<String, String> = BTreeMap::new();
         for line in own.lines() {
             let mut parts = line.splitn(3, ':');
-            let (_, ctrls, path) = (
-                parts.next(),
-                parts.next().unwrap_or(""),
-                parts.next().unwrap_or(""),
-            );
+            let (_, ctrls, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
             if ctrls.is_empty() {
                 v2_path = Some(path.to_string());
             } else {
@@ -122,9 +111,7 @@ impl Layout {
         if bases.contains_key("memory") {
             return Ok(Layout::V1 { bases });
         }
-        Err(WorkerError::NoCgroup(
-            "neither a cgroup v2 memory controller nor a v1 memory hierarchy".into(),
-        ))
+        Err(WorkerError::NoCgroup("neither a cgroup v2 memory controller nor a v1 memory hierarchy".into()))
     }
 
     /// Creates the sandbox group `name` with `limits` and its two leaves.
@@ -132,18 +119,11 @@ impl Layout {
         let g = match self {
             Layout::V2 { base } => {
                 enable_v2_controllers(base)?;
-                GroupPaths {
-                    v2: Some(base.join(name)),
-                    v1: BTreeMap::new(),
-                }
+                GroupPaths { v2: Some(base.join(name)), v1: BTreeMap::new() }
             }
-            Layout::V1 { bases } => GroupPaths {
-                v2: None,
-                v1: bases
-                    .iter()
-                    .map(|(c, b)| (c.clone(), b.join(name)))
-                    .collect(),
-            },
+            Layout::V1 { bases } => {
+                GroupPaths { v2: None, v1: bases.iter().map(|(c, b)| (c.clone(), b.join(name))).collect() }
+            }
         };
         for dir in g.dirs() {
             mkdir(&dir)?;
@@ -160,10 +140,7 @@ fn mkdir(dir: &Path) -> Result<()> {
     match fs::create_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(source) => Err(WorkerError::Cgroup {
-            path: dir.display().to_string(),
-            source,
-        }),
+        Err(source) => Err(WorkerError::Cgroup { path: dir.display().to_string(), source }),
     }
 }
 
@@ -173,17 +150,10 @@ fn mkdir(dir: &Path) -> Result<()> {
 fn enable_v2_controllers(base: &Path) -> Result<()> {
     let want = ["cpu", "memory", "pids"];
     let have = read(&base.join("cgroup.subtree_control")).unwrap_or_default();
-    if want
-        .iter()
-        .all(|c| have.split_whitespace().any(|h| h == *c))
-    {
+    if want.iter().all(|c| have.split_whitespace().any(|h| h == *c)) {
         return Ok(());
     }
-    let enable = want
-        .iter()
-        .map(|c| format!("+{c}"))
-        .collect::<Vec<_>>()
-        .join(" ");
+    let enable = want.iter().map(|c| format!("+{c}")).collect::<Vec<_>>().join(" ");
     if write(&base.join("cgroup.subtree_control"), &enable).is_ok() {
         return Ok(());
     }
@@ -205,12 +175,7 @@ pub struct GroupPaths {
 impl GroupPaths {
     /// Distinct group directories (co-mounted v1 controllers share one).
     pub fn dirs(&self) -> Vec<PathBuf> {
-        let mut d: Vec<PathBuf> = self
-            .v2
-            .iter()
-            .cloned()
-            .chain(self.v1.values().cloned())
-            .collect();
+        let mut d: Vec<PathBuf> = self.v2.iter().cloned().chain(self.v1.values().cloned()).collect();
         d.sort();
         d.dedup();
         d
@@ -264,11 +229,7 @@ impl GroupPaths {
     /// Freezes or thaws `leaf` and waits until the kernel reports it done.
     pub fn freeze(&self, leaf: &str, frozen: bool) -> Result<()> {
         let (file, value, done) = match (&self.v2, self.v1.get("freezer")) {
-            (Some(d), _) => (
-                d.join(leaf).join("cgroup.freeze"),
-                if frozen { "1" } else { "0" },
-                None,
-            ),
+            (Some(d), _) => (d.join(leaf).join("cgroup.freeze"), if frozen { "1" } else { "0" }, None),
             (None, Some(d)) => {
                 let v = if frozen { "FROZEN" } else { "THAWED" };
                 (d.join(leaf).join("freezer.state"), v, Some(v))
@@ -291,10 +252,7 @@ impl GroupPaths {
             if Instant::now() > deadline {
                 return Err(WorkerError::Cgroup {
                     path: file.display().to_string(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "freezer did not settle",
-                    ),
+                    source: std::io::Error::new(std::io::ErrorKind::TimedOut, "freezer did not settle"),
                 });
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -325,10 +283,7 @@ impl GroupPaths {
             (Some(d), _) => read(&d.join("cpu.stat"))?
                 .lines()
                 .find_map(|l| l.strip_prefix("usage_usec ").and_then(|v| v.parse().ok())),
-            (None, Some(d)) => read(&d.join("cpuacct.usage"))?
-                .parse::<u64>()
-                .ok()
-                .map(|ns| ns / 1000),
+            (None, Some(d)) => read(&d.join("cpuacct.usage"))?.parse::<u64>().ok().map(|ns| ns / 1000),
             _ => None,
         }
     }
@@ -365,10 +320,7 @@ impl GroupPaths {
                 let _ = self.freeze(SANDBOX_LEAF, false);
             }
             for p in pids {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(p),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGKILL);
             }
             if Instant::now() > deadline {
                 break;
@@ -380,10 +332,7 @@ impl GroupPaths {
             for sub in [dir.join(WORKER_LEAF), dir.join(SANDBOX_LEAF), dir.clone()] {
                 if sub.exists() {
                     if let Err(source) = rmdir_retry(&sub) {
-                        last = Err(WorkerError::Cgroup {
-                            path: sub.display().to_string(),
-                            source,
-                        });
+                        last = Err(WorkerError::Cgroup { path: sub.display().to_string(), source });
                     }
                 }
             }
@@ -416,14 +365,8 @@ mod tests {
             join_rel(Path::new("/sys/fs/cgroup/memory"), "/", "/a/b"),
             PathBuf::from("/sys/fs/cgroup/memory/a/b")
         );
-        assert_eq!(
-            join_rel(Path::new("/sys/fs/cgroup"), "/a", "/a/b"),
-            PathBuf::from("/sys/fs/cgroup/b")
-        );
-        assert_eq!(
-            join_rel(Path::new("/sys/fs/cgroup"), "/", "/"),
-            PathBuf::from("/sys/fs/cgroup")
-        );
+        assert_eq!(join_rel(Path::new("/sys/fs/cgroup"), "/a", "/a/b"), PathBuf::from("/sys/fs/cgroup/b"));
+        assert_eq!(join_rel(Path::new("/sys/fs/cgroup"), "/", "/"), PathBuf::from("/sys/fs/cgroup"));
     }
 
     /// Runs where a cgroup hierarchy is writable (as root on these hosts).
@@ -433,11 +376,7 @@ mod tests {
             eprintln!("skipped: no cgroup hierarchy");
             return;
         };
-        let limits = Limits {
-            cpu_millis: 500,
-            memory_bytes: 64 << 20,
-            pids: 77,
-        };
+        let limits = Limits { cpu_millis: 500, memory_bytes: 64 << 20, pids: 77 };
         let name = format!("pvisor-test-{}", std::process::id());
         let g = match layout.create_group(&name, &limits) {
             Ok(g) => g,
@@ -446,24 +385,15 @@ mod tests {
                 return;
             }
         };
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         g.join(SANDBOX_LEAF, child.id() as i32).unwrap();
         assert_eq!(g.pids(), vec![child.id() as i32]);
         match &g.v2 {
             Some(d) => assert_eq!(read(&d.join("pids.max")).unwrap(), "77"),
             None => {
                 assert_eq!(read(&g.v1["pids"].join("pids.max")).unwrap(), "77");
-                assert_eq!(
-                    read(&g.v1["memory"].join("memory.limit_in_bytes")).unwrap(),
-                    (64u64 << 20).to_string()
-                );
-                assert_eq!(
-                    read(&g.v1["cpu"].join("cpu.cfs_quota_us")).unwrap(),
-                    "50000"
-                );
+                assert_eq!(read(&g.v1["memory"].join("memory.limit_in_bytes")).unwrap(), (64u64 << 20).to_string());
+                assert_eq!(read(&g.v1["cpu"].join("cpu.cfs_quota_us")).unwrap(), "50000");
             }
         }
         assert!(g.memory_usage().is_some());

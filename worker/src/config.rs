@@ -24,11 +24,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            cpu_millis: 1000,
-            memory_bytes: 512 << 20,
-            pids: 4096,
-        }
+        Limits { cpu_millis: 1000, memory_bytes: 512 << 20, pids: 4096 }
     }
 }
 
@@ -46,16 +42,10 @@ impl IdMap {
     /// anyone else maps just itself to root.
     pub fn for_current_user(shift: Option<u32>) -> Self {
         match shift {
-            Some(base) => IdMap {
-                uid_base: base,
-                gid_base: base,
-                count: 65536,
-            },
-            None => IdMap {
-                uid_base: nix::unistd::geteuid().as_raw(),
-                gid_base: nix::unistd::getegid().as_raw(),
-                count: 1,
-            },
+            Some(base) => IdMap { uid_base: base, gid_base: base, count: 65536 },
+            None => {
+                IdMap { uid_base: nix::unistd::geteuid().as_raw(), gid_base: nix::unistd::getegid().as_raw(), count: 1 }
+            }
         }
     }
 }

@@ -19,10 +19,7 @@ pub enum WorkerError {
 
 impl WorkerError {
     pub fn sys(what: impl Into<String>, source: impl Into<io::Error>) -> Self {
-        WorkerError::Sys {
-            what: what.into(),
-            source: source.into(),
-        }
+        WorkerError::Sys { what: what.into(), source: source.into() }
     }
 }
 

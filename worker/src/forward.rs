@@ -39,10 +39,7 @@ impl Service<http::Request<Body>> for AgentForward {
         Box::pin(async move {
             match channel.oneshot(req).await {
                 Ok(resp) => Ok(resp),
-                Err(e) => Ok(
-                    tonic::Status::unavailable(format!("sandbox agent unreachable: {e}"))
-                        .into_http(),
-                ),
+                Err(e) => Ok(tonic::Status::unavailable(format!("sandbox agent unreachable: {e}")).into_http()),
             }
         })
     }

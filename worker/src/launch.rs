@@ -30,12 +30,9 @@ pub fn command(
 ) -> std::io::Result<Command> {
     let mut cmd = Command::new(worker_bin);
     if let Some(g) = cgroup {
-        cmd.arg("--cgroup")
-            .arg(serde_json::to_string(g).map_err(std::io::Error::other)?);
+        cmd.arg("--cgroup").arg(serde_json::to_string(g).map_err(std::io::Error::other)?);
     }
-    cmd.stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
+    cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // SAFETY: runs in the forked child before exec; only fcntl/dup2 on fds
     // that the parent keeps open until spawn returns.
     unsafe {

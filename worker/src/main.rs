@@ -34,8 +34,7 @@ fn join_and_wait() -> Option<WorkerConfig> {
     let mut args = std::env::args().skip(1);
     match (args.next().as_deref(), args.next()) {
         (Some("--cgroup"), Some(json)) => {
-            let g: GroupPaths =
-                serde_json::from_str(&json).unwrap_or_else(|e| fail(format!("bad --cgroup: {e}")));
+            let g: GroupPaths = serde_json::from_str(&json).unwrap_or_else(|e| fail(format!("bad --cgroup: {e}")));
             if let Err(e) = g.join(SANDBOX_LEAF, std::process::id() as i32) {
                 fail(e);
             }
@@ -85,10 +84,7 @@ fn main() {
     let Some(cfg) = join_and_wait() else { return };
     let t0 = Instant::now();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
@@ -118,10 +114,7 @@ fn main() {
     if let Some(sb) = &sandbox {
         watch_sandbox(sb.clone());
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| fail(e));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
     rt.block_on(async move {
         let (ready_tx, ready_rx) = watch::channel(initial);
         // SAFETY: the broker passed a listening Unix socket at this fd number,
@@ -133,27 +126,18 @@ fn main() {
             .register_encoded_file_descriptor_set(pvisor_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
             .unwrap_or_else(|e| fail(e));
-        let svc = WorkerService::new(
-            sandbox.clone(),
-            ready_rx,
-            cfg.cgroup.clone(),
-            cfg.limits,
-            separated,
-        );
-        let mut router = tonic::transport::Server::builder()
-            .add_service(WorkerServer::new(svc))
-            .add_service(reflection);
+        let svc = WorkerService::new(sandbox.clone(), ready_rx, cfg.cgroup.clone(), cfg.limits, separated);
+        let mut router =
+            tonic::transport::Server::builder().add_service(WorkerServer::new(svc)).add_service(reflection);
         if let Some(sb) = sandbox.clone() {
             match agent_link::connect(sb.clone()).await {
                 Ok(channel) => {
                     router = router.add_service(AgentForward::new(channel.clone()));
                     let mut client = AgentClient::new(channel);
                     tokio::spawn(async move {
-                        let r = tokio::time::timeout(
-                            Duration::from_secs(20),
-                            client.ping(pvisor_proto::agent::Empty {}),
-                        )
-                        .await;
+                        let r =
+                            tokio::time::timeout(Duration::from_secs(20), client.ping(pvisor_proto::agent::Empty {}))
+                                .await;
                         let state = match r {
                             Ok(Ok(p)) => Readiness::Ready(ReadyReply {
                                 backend: sb.backend().into(),
@@ -162,9 +146,7 @@ fn main() {
                                 boot_us: t0.elapsed().as_micros() as u64,
                             }),
                             Ok(Err(e)) => Readiness::Failed(format!("agent ping: {}", e.message())),
-                            Err(_) => {
-                                Readiness::Failed("the agent did not answer within 20 s".into())
-                            }
+                            Err(_) => Readiness::Failed("the agent did not answer within 20 s".into()),
                         };
                         let _ = ready_tx.send(state);
                     });

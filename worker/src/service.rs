@@ -56,26 +56,15 @@ impl WorkerService {
         separated: FreezeScope,
     ) -> Self {
         let used = cgroup.as_ref().and_then(|g| g.cpu_usage_us()).unwrap_or(0);
-        WorkerService {
-            sandbox,
-            ready,
-            cgroup,
-            limits,
-            cpu_sample: Mutex::new((Instant::now(), used)),
-            separated,
-        }
+        WorkerService { sandbox, ready, cgroup, limits, cpu_sample: Mutex::new((Instant::now(), used)), separated }
     }
 
     fn sandbox(&self) -> Result<Arc<dyn Sandbox>, Status> {
-        self.sandbox
-            .clone()
-            .ok_or_else(|| Status::failed_precondition("the sandbox did not start"))
+        self.sandbox.clone().ok_or_else(|| Status::failed_precondition("the sandbox did not start"))
     }
 }
 
-fn blocking_status(
-    r: Result<crate::error::Result<()>, tokio::task::JoinError>,
-) -> Result<Response<Empty>, Status> {
+fn blocking_status(r: Result<crate::error::Result<()>, tokio::task::JoinError>) -> Result<Response<Empty>, Status> {
     match r {
         Ok(Ok(())) => Ok(Response::new(Empty {})),
         Ok(Err(e)) => Err(Status::internal(e.to_string())),

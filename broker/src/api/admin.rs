@@ -12,11 +12,6 @@ pub fn router() -> Router<Arc<Ctx>> {
 }
 
 async fn images(State(ctx): State<Arc<Ctx>>) -> ApiResult<Json<serde_json::Value>> {
-    let list = ctx
-        .images
-        .list()
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(Json(
-        serde_json::to_value(list).map_err(|e| ApiError::internal(e.to_string()))?,
-    ))
+    let list = ctx.images.list().map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(Json(serde_json::to_value(list).map_err(|e| ApiError::internal(e.to_string()))?))
 }

@@ -26,12 +26,7 @@ pub async fn require_api_key(State(ctx): State<Arc<Ctx>>, req: Request, next: Ne
                 .into_response()
             }
             Some(v) if !constant_time_eq(v.as_bytes(), key.as_bytes()) => {
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "INVALID_API_KEY",
-                    "invalid API key",
-                )
-                .into_response()
+                return ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_API_KEY", "invalid API key").into_response()
             }
             Some(_) => {}
         }

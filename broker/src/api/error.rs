@@ -12,21 +12,13 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-        }
+        ApiError { status, code, message: message.into() }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", message)
     }
     pub fn sandbox_not_found(id: &str) -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "SANDBOX_NOT_FOUND",
-            format!("sandbox {id} not found"),
-        )
+        Self::new(StatusCode::NOT_FOUND, "SANDBOX_NOT_FOUND", format!("sandbox {id} not found"))
     }
     pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, code, message)
@@ -38,13 +30,7 @@ impl ApiError {
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {}: {}",
-            self.status.as_u16(),
-            self.code,
-            self.message
-        )
+        write!(f, "{} {}: {}", self.status.as_u16(), self.code, self.message)
     }
 }
 
@@ -62,18 +48,12 @@ impl From<tonic::Status> for ApiError {
         let msg = s.message().to_string();
         match s.code() {
             Code::NotFound => Self::new(StatusCode::NOT_FOUND, "FILE_NOT_FOUND", msg),
-            Code::InvalidArgument | Code::OutOfRange => {
-                Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", msg)
-            }
+            Code::InvalidArgument | Code::OutOfRange => Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", msg),
             Code::PermissionDenied => Self::new(StatusCode::FORBIDDEN, "PERMISSION_DENIED", msg),
             Code::AlreadyExists => Self::new(StatusCode::CONFLICT, "ALREADY_EXISTS", msg),
             Code::FailedPrecondition => Self::new(StatusCode::CONFLICT, "FAILED_PRECONDITION", msg),
-            Code::ResourceExhausted => {
-                Self::new(StatusCode::INSUFFICIENT_STORAGE, "RESOURCE_EXHAUSTED", msg)
-            }
-            Code::Unavailable | Code::Cancelled => {
-                Self::new(StatusCode::BAD_GATEWAY, "SANDBOX_UNAVAILABLE", msg)
-            }
+            Code::ResourceExhausted => Self::new(StatusCode::INSUFFICIENT_STORAGE, "RESOURCE_EXHAUSTED", msg),
+            Code::Unavailable | Code::Cancelled => Self::new(StatusCode::BAD_GATEWAY, "SANDBOX_UNAVAILABLE", msg),
             _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR", msg),
         }
     }
@@ -84,17 +64,8 @@ pub type ApiResult<T> = Result<T, ApiError>;
 /// Parses a JSON body with a clear 400 on failure.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
     if body.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST_BODY",
-            "request body is empty",
-        ));
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", "request body is empty"));
     }
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST_BODY",
-            format!("invalid JSON body: {e}"),
-        )
-    })
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", format!("invalid JSON body: {e}")))
 }

@@ -27,14 +27,7 @@ pub const TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
 fn new_id() -> String {
     let b: [u8; 16] = rand::random();
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-4{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[13..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    format!("{}-{}-4{}-{}-{}", &h[0..8], &h[8..12], &h[13..16], &h[16..20], &h[20..32])
 }
 
 fn new_token() -> String {
@@ -57,9 +50,7 @@ pub fn view(e: &SandboxEntry) -> SandboxView {
     let s = e.status();
     SandboxView {
         id: e.id.clone(),
-        image: ImageRef {
-            uri: e.image_uri.clone(),
-        },
+        image: ImageRef { uri: e.image_uri.clone() },
         status,
         entrypoint: e.entrypoint.clone(),
         created_at: rfc3339(&e.created_at),
@@ -84,9 +75,7 @@ fn check_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
 }
 
 fn lookup(ctx: &Ctx, id: &str) -> ApiResult<Arc<SandboxEntry>> {
-    ctx.registry
-        .get(id)
-        .ok_or_else(|| ApiError::sandbox_not_found(id))
+    ctx.registry.get(id).ok_or_else(|| ApiError::sandbox_not_found(id))
 }
 
 fn unsupported_field(name: &str) -> ApiError {
@@ -110,18 +99,13 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     if req.lifecycle.is_some() {
         return Err(unsupported_field("lifecycle"));
     }
-    let image = req
-        .image
-        .as_ref()
-        .ok_or_else(|| ApiError::bad_request("image is required"))?;
+    let image = req.image.as_ref().ok_or_else(|| ApiError::bad_request("image is required"))?;
     if image.uri.trim().is_empty() {
         return Err(ApiError::bad_request("image.uri must not be empty"));
     }
     if let Some(ep) = &req.entrypoint {
         if ep.is_empty() || ep[0].is_empty() {
-            return Err(ApiError::bad_request(
-                "entrypoint must have at least one non-empty element",
-            ));
+            return Err(ApiError::bad_request("entrypoint must have at least one non-empty element"));
         }
     }
     let timeout = match req.timeout {
@@ -133,33 +117,23 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
             )))
         }
     };
-    let limits = limits::from_request(req.resource_limits.as_ref(), ctx.default_limits)
-        .map_err(ApiError::bad_request)?;
+    let limits =
+        limits::from_request(req.resource_limits.as_ref(), ctx.default_limits).map_err(ApiError::bad_request)?;
     let metadata = req.metadata.clone().unwrap_or_default();
     check_metadata(&metadata)?;
     let env = req.env.clone().unwrap_or_default();
     if env.keys().any(|k| k.is_empty() || k.contains('=')) {
-        return Err(ApiError::bad_request(
-            "env keys must be non-empty and must not contain '='",
-        ));
+        return Err(ApiError::bad_request("env keys must be non-empty and must not contain '='"));
     }
 
-    let record = ctx.images.resolve(&image.uri).map_err(|e| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "IMAGE_NOT_FOUND",
-            format!("image {:?}: {e}", image.uri),
-        )
-    })?;
+    let record = ctx
+        .images
+        .resolve(&image.uri)
+        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, "IMAGE_NOT_FOUND", format!("image {:?}: {e}", image.uri)))?;
     let cfg = &record.config;
     let entrypoint = match &req.entrypoint {
         Some(ep) => ep.clone(),
-        None => cfg
-            .entrypoint
-            .iter()
-            .chain(cfg.cmd.iter())
-            .cloned()
-            .collect(),
+        None => cfg.entrypoint.iter().chain(cfg.cmd.iter()).cloned().collect(),
     };
     let id = new_id();
     let mut env_list: Vec<String> = cfg.env.clone();
@@ -171,24 +145,12 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         "user": cfg.user,
         "entrypoint": entrypoint,
     });
-    let spec = LaunchSpec {
-        id: id.clone(),
-        image_root: ctx.images.rootfs(&record),
-        limits,
-        agent_config,
-    };
+    let spec = LaunchSpec { id: id.clone(), image_root: ctx.images.rootfs(&record), limits, agent_config };
     let (runtime, child) = launch::launch(&ctx, &spec).await?;
     let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
     let log = runtime.log.clone();
-    let entry = Arc::new(SandboxEntry::new(
-        id,
-        new_token(),
-        image.uri.clone(),
-        entrypoint,
-        expires_at,
-        metadata,
-        runtime,
-    ));
+    let entry =
+        Arc::new(SandboxEntry::new(id, new_token(), image.uri.clone(), entrypoint, expires_at, metadata, runtime));
     ctx.registry.insert(entry.clone());
     launch::monitor(entry.clone(), child, log);
     tracing::info!(sandbox = %entry.id, image = %entry.image_uri, "created");
@@ -204,21 +166,14 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     Ok((StatusCode::ACCEPTED, Json(resp)).into_response())
 }
 
-pub async fn get_one(
-    State(ctx): State<Arc<Ctx>>,
-    Path(id): Path<String>,
-) -> ApiResult<Json<SandboxView>> {
+pub async fn get_one(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<Json<SandboxView>> {
     let e = lookup(&ctx, &id)?;
     Ok(Json(view(&e)))
 }
 
 /// Parses the SDK's `metadata` filter: `k1=v1&k2=v2`, each part percent-encoded.
 fn parse_metadata_filter(raw: &str) -> Vec<(String, String)> {
-    let dec = |s: &str| {
-        percent_encoding::percent_decode_str(s)
-            .decode_utf8_lossy()
-            .into_owned()
-    };
+    let dec = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
     raw.split('&')
         .filter(|p| !p.is_empty())
         .map(|p| match p.split_once('=') {
@@ -228,21 +183,10 @@ fn parse_metadata_filter(raw: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-pub async fn list(
-    State(ctx): State<Arc<Ctx>>,
-    RawQuery(raw): RawQuery,
-) -> ApiResult<Json<ListSandboxesResponse>> {
+pub async fn list(State(ctx): State<Arc<Ctx>>, RawQuery(raw): RawQuery) -> ApiResult<Json<ListSandboxesResponse>> {
     let q = Query::parse(raw.as_deref());
-    let states: Vec<String> = q
-        .all("state")
-        .iter()
-        .map(|s| s.to_ascii_lowercase())
-        .collect();
-    let meta: Vec<(String, String)> = q
-        .all("metadata")
-        .iter()
-        .flat_map(|m| parse_metadata_filter(m))
-        .collect();
+    let states: Vec<String> = q.all("state").iter().map(|s| s.to_ascii_lowercase()).collect();
+    let meta: Vec<(String, String)> = q.all("metadata").iter().flat_map(|m| parse_metadata_filter(m)).collect();
     let page: u64 = q.number("page")?.unwrap_or(1);
     let page_size: u64 = q.number("pageSize")?.unwrap_or(20);
     if page < 1 {
@@ -261,28 +205,16 @@ pub async fn list(
         .collect();
     let total = items.len() as u64;
     let total_pages = total.div_ceil(page_size);
-    let items: Vec<SandboxView> = items
-        .into_iter()
-        .skip(((page - 1) * page_size) as usize)
-        .take(page_size as usize)
-        .collect();
+    let items: Vec<SandboxView> =
+        items.into_iter().skip(((page - 1) * page_size) as usize).take(page_size as usize).collect();
     Ok(Json(ListSandboxesResponse {
         items,
-        pagination: Pagination {
-            page,
-            page_size,
-            total_items: total,
-            total_pages,
-            has_next_page: page < total_pages,
-        },
+        pagination: Pagination { page, page_size, total_items: total, total_pages, has_next_page: page < total_pages },
     }))
 }
 
 pub async fn delete(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let entry = ctx
-        .registry
-        .remove(&id)
-        .ok_or_else(|| ApiError::sandbox_not_found(&id))?;
+    let entry = ctx.registry.remove(&id).ok_or_else(|| ApiError::sandbox_not_found(&id))?;
     teardown(&entry).await;
     tracing::info!(sandbox = %id, "deleted");
     Ok(StatusCode::NO_CONTENT)
@@ -292,18 +224,10 @@ fn parse_time(s: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(s)
         .map(|t| t.with_timezone(&Utc))
         .ok()
-        .or_else(|| {
-            chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f")
-                .ok()
-                .map(|n| n.and_utc())
-        })
+        .or_else(|| chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f").ok().map(|n| n.and_utc()))
 }
 
-pub async fn renew(
-    State(ctx): State<Arc<Ctx>>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> ApiResult<Json<RenewResponse>> {
+pub async fn renew(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Json<RenewResponse>> {
     lookup(&ctx, &id)?;
     let req: RenewRequest = parse_json(&body)?;
     let at = parse_time(&req.expires_at).ok_or_else(|| {
@@ -314,11 +238,7 @@ pub async fn renew(
         )
     })?;
     if at <= Utc::now() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_EXPIRATION",
-            "expiresAt is in the past",
-        ));
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "INVALID_EXPIRATION", "expiresAt is in the past"));
     }
     // Under the registry lock: the expiry sweep cannot remove it meanwhile.
     let r = ctx.registry.with_live(&id, |e| {
@@ -333,9 +253,7 @@ pub async fn renew(
         Ok(at)
     });
     let at = r.ok_or_else(|| ApiError::sandbox_not_found(&id))??;
-    Ok(Json(RenewResponse {
-        expires_at: rfc3339(&at),
-    }))
+    Ok(Json(RenewResponse { expires_at: rfc3339(&at) }))
 }
 
 pub async fn endpoint(
@@ -345,22 +263,15 @@ pub async fn endpoint(
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<EndpointView>> {
     let e = lookup(&ctx, &id)?;
-    let port: u16 = port
-        .parse()
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| ApiError::bad_request(format!("invalid port {port:?}")))?;
+    let port: u16 =
+        port.parse().ok().filter(|p| *p > 0).ok_or_else(|| ApiError::bad_request(format!("invalid port {port:?}")))?;
     let q = Query::parse(raw.as_deref());
     let host = headers
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok())
         .map(str::to_string)
         .unwrap_or_else(|| ctx.listen.to_string());
-    let prefix = if q.flag("use_server_proxy") {
-        "/v1"
-    } else {
-        ""
-    };
+    let prefix = if q.flag("use_server_proxy") { "/v1" } else { "" };
     let endpoint = format!("{host}{prefix}/sandboxes/{id}/proxy/{port}");
     let headers = BTreeMap::from([(TOKEN_HEADER.to_string(), e.token.clone())]);
     Ok(Json(EndpointView { endpoint, headers }))
@@ -444,10 +355,7 @@ mod tests {
     fn metadata_filter_decodes_each_part() {
         assert_eq!(
             parse_metadata_filter("team=a%26b&env=prod"),
-            vec![
-                ("team".to_string(), "a&b".to_string()),
-                ("env".to_string(), "prod".to_string())
-            ]
+            vec![("team".to_string(), "a&b".to_string()), ("env".to_string(), "prod".to_string())]
         );
     }
 

@@ -6,12 +6,9 @@ use std::collections::BTreeMap;
 pub fn parse_cpu(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let millis = if let Some(m) = s.strip_suffix('m') {
-        m.parse::<u64>()
-            .map_err(|_| format!("invalid cpu quantity {s:?}"))?
+        m.parse::<u64>().map_err(|_| format!("invalid cpu quantity {s:?}"))?
     } else {
-        let v: f64 = s
-            .parse()
-            .map_err(|_| format!("invalid cpu quantity {s:?}"))?;
+        let v: f64 = s.parse().map_err(|_| format!("invalid cpu quantity {s:?}"))?;
         if !v.is_finite() || v < 0.0 {
             return Err(format!("invalid cpu quantity {s:?}"));
         }
@@ -43,9 +40,7 @@ pub fn parse_memory(s: &str) -> Result<u64, String> {
             if num.is_empty() {
                 continue;
             }
-            let v: f64 = num
-                .parse()
-                .map_err(|_| format!("invalid memory quantity {s:?}"))?;
+            let v: f64 = num.parse().map_err(|_| format!("invalid memory quantity {s:?}"))?;
             if !v.is_finite() || v < 0.0 {
                 return Err(format!("invalid memory quantity {s:?}"));
             }
@@ -60,10 +55,7 @@ pub fn parse_memory(s: &str) -> Result<u64, String> {
 }
 
 /// Applies request limits over the defaults.
-pub fn from_request(
-    req: Option<&BTreeMap<String, String>>,
-    defaults: Limits,
-) -> Result<Limits, String> {
+pub fn from_request(req: Option<&BTreeMap<String, String>>, defaults: Limits) -> Result<Limits, String> {
     let mut l = defaults;
     if let Some(m) = req {
         if let Some(c) = m.get("cpu") {

@@ -19,19 +19,11 @@ use error::ApiError;
 use std::sync::Arc;
 
 async fn not_found() -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::NOT_FOUND,
-        "NOT_FOUND",
-        "no such route",
-    )
+    ApiError::new(axum::http::StatusCode::NOT_FOUND, "NOT_FOUND", "no such route")
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::METHOD_NOT_ALLOWED,
-        "METHOD_NOT_ALLOWED",
-        "method not allowed on this route",
-    )
+    ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", "method not allowed on this route")
 }
 
 async fn health() -> axum::Json<serde_json::Value> {
@@ -46,37 +38,25 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
     let data_plane = execd::dispatch_router(ctx.clone());
     let v1 = Router::new()
         .route("/sandboxes", post(lifecycle::create).get(lifecycle::list))
-        .route(
-            "/sandboxes/{id}",
-            get(lifecycle::get_one).delete(lifecycle::delete),
-        )
+        .route("/sandboxes/{id}", get(lifecycle::get_one).delete(lifecycle::delete))
         .route("/sandboxes/{id}/renew-expiration", post(lifecycle::renew))
         .route("/sandboxes/{id}/endpoints/{port}", get(lifecycle::endpoint))
         .route("/sandboxes/{id}/pause", post(lifecycle::pause))
         .route("/sandboxes/{id}/resume", post(lifecycle::resume))
-        .route(
-            "/sandboxes/{id}/metadata",
-            axum::routing::patch(lifecycle::patch_metadata),
-        )
+        .route("/sandboxes/{id}/metadata", axum::routing::patch(lifecycle::patch_metadata))
         .route("/sandboxes/{id}/snapshots", any(lifecycle::unsupported))
         .route("/snapshots", any(lifecycle::unsupported))
         .route("/templates", any(lifecycle::unsupported))
         .route("/metrics/events", post(lifecycle::metrics_event))
         .merge(data_plane.clone())
-        .route_layer(axum::middleware::from_fn_with_state(
-            ctx.clone(),
-            auth::require_api_key,
-        ));
+        .route_layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::require_api_key));
     Router::new()
         .route("/health", get(health))
         .route("/version", get(version))
         .nest("/v1", v1)
         .nest(
             "/pvisor",
-            admin::router().route_layer(axum::middleware::from_fn_with_state(
-                ctx.clone(),
-                auth::require_api_key,
-            )),
+            admin::router().route_layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::require_api_key)),
         )
         .merge(data_plane)
         .fallback(not_found)

@@ -5,26 +5,15 @@ pub struct Query(Vec<(String, String)>);
 
 impl Query {
     pub fn parse(raw: Option<&str>) -> Self {
-        Query(
-            form_urlencoded::parse(raw.unwrap_or("").as_bytes())
-                .into_owned()
-                .collect(),
-        )
+        Query(form_urlencoded::parse(raw.unwrap_or("").as_bytes()).into_owned().collect())
     }
 
     pub fn all(&self, key: &str) -> Vec<String> {
-        self.0
-            .iter()
-            .filter(|(k, _)| k == key)
-            .map(|(_, v)| v.clone())
-            .collect()
+        self.0.iter().filter(|(k, _)| k == key).map(|(_, v)| v.clone()).collect()
     }
 
     pub fn one(&self, key: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
     pub fn required(&self, key: &str) -> ApiResult<&str> {
@@ -36,11 +25,10 @@ impl Query {
     pub fn number<T: std::str::FromStr>(&self, key: &str) -> ApiResult<Option<T>> {
         match self.one(key) {
             None | Some("") => Ok(None),
-            Some(v) => v.parse().map(Some).map_err(|_| {
-                ApiError::bad_request(format!(
-                    "query parameter {key:?} must be a number, got {v:?}"
-                ))
-            }),
+            Some(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| ApiError::bad_request(format!("query parameter {key:?} must be a number, got {v:?}"))),
         }
     }
 

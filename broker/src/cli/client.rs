@@ -25,9 +25,7 @@ impl Client {
         };
         Client {
             base,
-            api_key: std::env::var("PVISOR_API_KEY")
-                .ok()
-                .filter(|k| !k.is_empty()),
+            api_key: std::env::var("PVISOR_API_KEY").ok().filter(|k| !k.is_empty()),
             http: HyperClient::builder(TokioExecutor::new()).build_http(),
         }
     }
@@ -40,11 +38,7 @@ impl Client {
         headers: &[(&str, &str)],
         body: Option<Value>,
     ) -> Result<Resp, String> {
-        let url = if url.starts_with("http://") {
-            url.to_string()
-        } else {
-            format!("{}{url}", self.base)
-        };
+        let url = if url.starts_with("http://") { url.to_string() } else { format!("{}{url}", self.base) };
         let mut b = http::Request::builder().method(method).uri(&url);
         if let Some(k) = &self.api_key {
             b = b.header("OPEN-SANDBOX-API-KEY", k);
@@ -60,26 +54,14 @@ impl Client {
             None => Full::new(Bytes::new()),
         };
         let req = b.body(body).map_err(|e| e.to_string())?;
-        let resp = self
-            .http
-            .request(req)
-            .await
-            .map_err(|e| format!("{url}: {e} (is `pvisor serve` running?)"))?;
-        Ok(Resp {
-            status: resp.status().as_u16(),
-            body: resp.into_body(),
-        })
+        let resp = self.http.request(req).await.map_err(|e| format!("{url}: {e} (is `pvisor serve` running?)"))?;
+        Ok(Resp { status: resp.status().as_u16(), body: resp.into_body() })
     }
 
     async fn checked(&self, method: &str, path: &str) -> Result<Bytes, String> {
         let r = self.send(method, path, &[], None).await?;
         let status = r.status;
-        let body = r
-            .body
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+        let body = r.body.collect().await.map_err(|e| e.to_string())?.to_bytes();
         if status >= 400 {
             let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             return Err(format!(

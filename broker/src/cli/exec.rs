@@ -6,41 +6,18 @@ use serde_json::Value;
 use std::io::Write;
 
 pub async fn exec(c: &Client, id: &str, argv: &[String]) -> Result<i32, String> {
-    let ep = c
-        .get_json(&format!("/v1/sandboxes/{id}/endpoints/44772"))
-        .await?;
-    let endpoint = ep["endpoint"]
-        .as_str()
-        .ok_or("endpoint missing in the server's answer")?;
+    let ep = c.get_json(&format!("/v1/sandboxes/{id}/endpoints/44772")).await?;
+    let endpoint = ep["endpoint"].as_str().ok_or("endpoint missing in the server's answer")?;
     let headers: Vec<(String, String)> = ep["headers"]
         .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
-                .collect()
-        })
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string())).collect())
         .unwrap_or_default();
-    let mut hdrs: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
+    let mut hdrs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     hdrs.push(("accept", "text/event-stream"));
     let body = serde_json::json!({ "argv": argv });
-    let mut r = c
-        .send(
-            "POST",
-            &format!("http://{endpoint}/command"),
-            &hdrs,
-            Some(body),
-        )
-        .await?;
+    let mut r = c.send("POST", &format!("http://{endpoint}/command"), &hdrs, Some(body)).await?;
     if r.status >= 400 {
-        let b = r
-            .body
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+        let b = r.body.collect().await.map_err(|e| e.to_string())?.to_bytes();
         return Err(format!("{}: {}", r.status, String::from_utf8_lossy(&b)));
     }
     let mut buf = Vec::new();
@@ -54,11 +31,7 @@ pub async fn exec(c: &Client, id: &str, argv: &[String]) -> Result<i32, String> 
         while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
             let ev: Vec<u8> = buf.drain(..pos + 2).collect();
             let text = String::from_utf8_lossy(&ev);
-            let json = text
-                .trim()
-                .strip_prefix("data:")
-                .unwrap_or(text.trim())
-                .trim();
+            let json = text.trim().strip_prefix("data:").unwrap_or(text.trim()).trim();
             let Ok(v) = serde_json::from_str::<Value>(json) else {
                 continue;
             };
@@ -68,12 +41,7 @@ pub async fn exec(c: &Client, id: &str, argv: &[String]) -> Result<i32, String> 
                 Some("execution_complete") => code = Some(0),
                 Some("error") => {
                     let e = &v["error"];
-                    code = Some(
-                        e["evalue"]
-                            .as_str()
-                            .and_then(|s| s.parse().ok())
-                            .unwrap_or(1),
-                    );
+                    code = Some(e["evalue"].as_str().and_then(|s| s.parse().ok()).unwrap_or(1));
                     if e["ename"] != "CommandExecError" {
                         eprintln!("pvisor: {}", e["traceback"][0].as_str().unwrap_or(""));
                     }

@@ -8,10 +8,7 @@ use serde_json::Value;
 /// `pvisor ps`
 pub async fn ps(c: &Client) -> Result<(), String> {
     let v = c.get_json("/v1/sandboxes?pageSize=200").await?;
-    println!(
-        "{:<38} {:<28} {:<8} {:<25} EXPIRES",
-        "ID", "IMAGE", "STATE", "CREATED"
-    );
+    println!("{:<38} {:<28} {:<8} {:<25} EXPIRES", "ID", "IMAGE", "STATE", "CREATED");
     for s in v["items"].as_array().into_iter().flatten() {
         println!(
             "{:<38} {:<28} {:<8} {:<25} {}",
@@ -32,24 +29,10 @@ pub async fn image_ls(c: &Client) -> Result<(), String> {
     for i in v.as_array().into_iter().flatten() {
         let id = i["id"].as_str().unwrap_or("").trim_start_matches("sha256:");
         let size = i["size_bytes"].as_u64().unwrap_or(0);
-        let names: Vec<&str> = i["names"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
-        let names = if names.is_empty() {
-            vec!["<none>"]
-        } else {
-            names
-        };
+        let names: Vec<&str> = i["names"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        let names = if names.is_empty() { vec!["<none>"] } else { names };
         for n in names {
-            println!(
-                "{:<40} {:<20} {:>9.1}M",
-                n,
-                &id[..12.min(id.len())],
-                size as f64 / 1e6
-            );
+            println!("{:<40} {:<20} {:>9.1}M", n, &id[..12.min(id.len())], size as f64 / 1e6);
         }
     }
     Ok(())

@@ -47,11 +47,7 @@ pub async fn run(Extension(sb): Sandbox, body: Bytes) -> ApiResult<Response> {
     let timeout_ms = match r.timeout {
         None => 0,
         Some(t) if t >= 0 => t as u64,
-        Some(t) => {
-            return Err(ApiError::bad_request(format!(
-                "timeout must not be negative, got {t}"
-            )))
-        }
+        Some(t) => return Err(ApiError::bad_request(format!("timeout must not be negative, got {t}"))),
     };
     let background = r.background.unwrap_or(false);
     let req = ExecRequest {
@@ -71,9 +67,7 @@ pub async fn run(Extension(sb): Sandbox, body: Bytes) -> ApiResult<Response> {
 use axum::Extension;
 
 fn rfc3339_ms(ms: i64) -> Option<String> {
-    Utc.timestamp_millis_opt(ms)
-        .single()
-        .map(|t| crate::sandbox::record::rfc3339(&t))
+    Utc.timestamp_millis_opt(ms).single().map(|t| crate::sandbox::record::rfc3339(&t))
 }
 
 pub async fn status(
@@ -81,11 +75,7 @@ pub async fn status(
     Path(p): Path<HashMap<String, String>>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let id = p.get("cid").cloned().unwrap_or_default();
-    let s = agent(&sb)?
-        .command_status(CommandRef { id })
-        .await
-        .map_err(command_not_found)?
-        .into_inner();
+    let s = agent(&sb)?.command_status(CommandRef { id }).await.map_err(command_not_found)?.into_inner();
     let mut v = serde_json::json!({
         "id": s.id,
         "content": s.content,
@@ -102,11 +92,7 @@ pub async fn status(
 
 fn command_not_found(s: tonic::Status) -> ApiError {
     if s.code() == tonic::Code::NotFound {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "COMMAND_NOT_FOUND",
-            s.message().to_string(),
-        )
+        ApiError::new(StatusCode::NOT_FOUND, "COMMAND_NOT_FOUND", s.message().to_string())
     } else {
         s.into()
     }
@@ -119,22 +105,12 @@ pub async fn logs(
 ) -> ApiResult<Response> {
     let id = p.get("cid").cloned().unwrap_or_default();
     let cursor: u64 = Query::parse(raw.as_deref()).number("cursor")?.unwrap_or(0);
-    let r = agent(&sb)?
-        .command_logs(LogsRequest { id, cursor })
-        .await
-        .map_err(command_not_found)?
-        .into_inner();
+    let r = agent(&sb)?.command_logs(LogsRequest { id, cursor }).await.map_err(command_not_found)?.into_inner();
     Ok((
         StatusCode::OK,
         [
-            (
-                header::CONTENT_TYPE,
-                "text/plain; charset=utf-8".to_string(),
-            ),
-            (
-                header::HeaderName::from_static("execd-commands-tail-cursor"),
-                r.cursor.to_string(),
-            ),
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8".to_string()),
+            (header::HeaderName::from_static("execd-commands-tail-cursor"), r.cursor.to_string()),
         ],
         r.text,
     )
@@ -143,9 +119,6 @@ pub async fn logs(
 
 pub async fn interrupt(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<StatusCode> {
     let id = Query::parse(raw.as_deref()).required("id")?.to_string();
-    agent(&sb)?
-        .interrupt(CommandRef { id })
-        .await
-        .map_err(command_not_found)?;
+    agent(&sb)?.interrupt(CommandRef { id }).await.map_err(command_not_found)?;
     Ok(StatusCode::OK)
 }

@@ -35,17 +35,8 @@ struct UploadMeta {
 }
 
 fn entry(path: String, p: Perms) -> ApiResult<PermissionEntry> {
-    let mode = p
-        .mode
-        .map(mode_from_wire)
-        .transpose()
-        .map_err(ApiError::bad_request)?;
-    Ok(PermissionEntry {
-        path,
-        mode,
-        owner: p.owner,
-        group: p.group,
-    })
+    let mode = p.mode.map(mode_from_wire).transpose().map_err(ApiError::bad_request)?;
+    Ok(PermissionEntry { path, mode, owner: p.owner, group: p.group })
 }
 
 fn perms_map(body: &Bytes) -> ApiResult<Vec<PermissionEntry>> {
@@ -59,9 +50,7 @@ fn perms_map(body: &Bytes) -> ApiResult<Vec<PermissionEntry>> {
 fn paths(raw: &Option<String>) -> ApiResult<Vec<String>> {
     let p = Query::parse(raw.as_deref()).all("path");
     if p.is_empty() {
-        return Err(ApiError::bad_request(
-            "query parameter \"path\" is required",
-        ));
+        return Err(ApiError::bad_request("query parameter \"path\" is required"));
     }
     Ok(p)
 }
@@ -71,13 +60,7 @@ fn file_list(files: &[FileInfo]) -> Json<Value> {
 }
 
 pub async fn info(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
-    let files = agent(&sb)?
-        .stat(PathsRequest {
-            paths: paths(&raw)?,
-        })
-        .await?
-        .into_inner()
-        .files;
+    let files = agent(&sb)?.stat(PathsRequest { paths: paths(&raw)? }).await?.into_inner().files;
     let mut out = Map::new();
     for f in &files {
         out.insert(f.path.clone(), to_json(f));
@@ -88,10 +71,7 @@ pub async fn info(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<
 /// Multipart upload: `metadata` and `file` parts in pairs, streamed to the
 /// agent. If the body breaks off, the agent call is cancelled and the agent
 /// discards the partial file (the target keeps its old content).
-pub async fn upload(
-    Extension(sb): Sandbox,
-    mp: Result<Multipart, MultipartRejection>,
-) -> ApiResult<StatusCode> {
+pub async fn upload(Extension(sb): Sandbox, mp: Result<Multipart, MultipartRejection>) -> ApiResult<StatusCode> {
     let mut mp = mp.map_err(|e| ApiError::bad_request(format!("invalid multipart body: {e}")))?;
     let mut client = agent(&sb)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<UploadChunk>(8);
@@ -100,9 +80,8 @@ pub async fn upload(
     let fed: ApiResult<bool> = async {
         let mut metas: VecDeque<UploadMeta> = VecDeque::new();
         let mut files = 0usize;
-        let bad = |e: axum::extract::multipart::MultipartError| {
-            ApiError::bad_request(format!("invalid multipart body: {e}"))
-        };
+        let bad =
+            |e: axum::extract::multipart::MultipartError| ApiError::bad_request(format!("invalid multipart body: {e}"));
         while let Some(mut field) = mp.next_field().await.map_err(bad)? {
             match field.name() {
                 Some("metadata") => {
@@ -110,25 +89,16 @@ pub async fn upload(
                     metas.push_back(parse_json(&bytes)?);
                 }
                 Some("file") => {
-                    let m = metas.pop_front().ok_or_else(|| {
-                        ApiError::bad_request("file part without a preceding metadata part")
-                    })?;
+                    let m = metas
+                        .pop_front()
+                        .ok_or_else(|| ApiError::bad_request("file part without a preceding metadata part"))?;
                     let e = entry(m.path, m.perms)?;
-                    let h = UploadHeader {
-                        path: e.path,
-                        mode: e.mode.or(Some(0o644)),
-                        owner: e.owner,
-                        group: e.group,
-                    };
+                    let h = UploadHeader { path: e.path, mode: e.mode.or(Some(0o644)), owner: e.owner, group: e.group };
                     if tx.send(chunk(upload_chunk::Kind::Header(h))).await.is_err() {
                         return Ok(false);
                     }
                     while let Some(data) = field.chunk().await.map_err(bad)? {
-                        if tx
-                            .send(chunk(upload_chunk::Kind::Data(data.to_vec())))
-                            .await
-                            .is_err()
-                        {
+                        if tx.send(chunk(upload_chunk::Kind::Data(data.to_vec()))).await.is_err() {
                             return Ok(false);
                         }
                     }
@@ -180,11 +150,7 @@ fn parse_range(h: &str, size: u64) -> Option<Result<(u64, u64), ()>> {
         }
         (s, e) => {
             let s: u64 = s.parse().ok()?;
-            let e: u64 = if e.is_empty() {
-                size.saturating_sub(1)
-            } else {
-                e.parse().ok()?
-            };
+            let e: u64 = if e.is_empty() { size.saturating_sub(1) } else { e.parse().ok()? };
             if s >= size || e < s {
                 Err(())
             } else {
@@ -195,21 +161,11 @@ fn parse_range(h: &str, size: u64) -> Option<Result<(u64, u64), ()>> {
     Some(r)
 }
 
-pub async fn download(
-    Extension(sb): Sandbox,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
-) -> ApiResult<Response> {
+pub async fn download(Extension(sb): Sandbox, headers: HeaderMap, RawQuery(raw): RawQuery) -> ApiResult<Response> {
     let q = Query::parse(raw.as_deref());
     let path = q.required("path")?.to_string();
     let mut client = agent(&sb)?;
-    let info = client
-        .stat(PathsRequest {
-            paths: vec![path.clone()],
-        })
-        .await?
-        .into_inner()
-        .files;
+    let info = client.stat(PathsRequest { paths: vec![path.clone()] }).await?.into_inner().files;
     let size = info.first().map(|f| f.size).unwrap_or(0);
     if info.first().is_some_and(|f| f.r#type == "directory") {
         return Err(ApiError::bad_request(format!("{path} is a directory")));
@@ -218,10 +174,7 @@ pub async fn download(
     let limit: Option<u64> = q.number("limit")?;
     let mut status = StatusCode::OK;
     let mut content_range = None;
-    let (start, len) = match headers
-        .get(header::RANGE)
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| parse_range(h, size))
+    let (start, len) = match headers.get(header::RANGE).and_then(|h| h.to_str().ok()).and_then(|h| parse_range(h, size))
     {
         Some(Ok((s, n))) => {
             status = StatusCode::PARTIAL_CONTENT;
@@ -255,23 +208,11 @@ pub async fn download(
     let stream = if len == 0 {
         None
     } else {
-        Some(
-            client
-                .download(DownloadRequest {
-                    path,
-                    offset: start,
-                    limit: len,
-                })
-                .await?
-                .into_inner(),
-        )
+        Some(client.download(DownloadRequest { path, offset: start, limit: len }).await?.into_inner())
     };
     let body = match stream {
         None => Body::empty(),
-        Some(s) => Body::from_stream(s.map(|r| {
-            r.map(|c| Bytes::from(c.data))
-                .map_err(std::io::Error::other)
-        })),
+        Some(s) => Body::from_stream(s.map(|r| r.map(|c| Bytes::from(c.data)).map_err(std::io::Error::other))),
     };
     let mut resp = (
         status,
@@ -290,11 +231,7 @@ pub async fn download(
 }
 
 pub async fn remove(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<StatusCode> {
-    agent(&sb)?
-        .remove_files(PathsRequest {
-            paths: paths(&raw)?,
-        })
-        .await?;
+    agent(&sb)?.remove_files(PathsRequest { paths: paths(&raw)? }).await?;
     Ok(StatusCode::OK)
 }
 
@@ -306,35 +243,21 @@ struct Mv {
 
 pub async fn rename(Extension(sb): Sandbox, body: Bytes) -> ApiResult<StatusCode> {
     let moves: Vec<Mv> = parse_json(&body)?;
-    let moves = moves
-        .into_iter()
-        .map(|m| MovePair {
-            src: m.src,
-            dest: m.dest,
-        })
-        .collect();
+    let moves = moves.into_iter().map(|m| MovePair { src: m.src, dest: m.dest }).collect();
     agent(&sb)?.r#move(MoveRequest { moves }).await?;
     Ok(StatusCode::OK)
 }
 
 pub async fn permissions(Extension(sb): Sandbox, body: Bytes) -> ApiResult<StatusCode> {
-    agent(&sb)?
-        .set_permissions(PermissionsRequest {
-            entries: perms_map(&body)?,
-        })
-        .await?;
+    agent(&sb)?.set_permissions(PermissionsRequest { entries: perms_map(&body)? }).await?;
     Ok(StatusCode::OK)
 }
 
 pub async fn search(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
     let q = Query::parse(raw.as_deref());
-    let req = SearchRequest {
-        path: q.required("path")?.to_string(),
-        pattern: q.one("pattern").unwrap_or("").to_string(),
-    };
-    Ok(file_list(
-        &agent(&sb)?.search(req).await?.into_inner().files,
-    ))
+    let req =
+        SearchRequest { path: q.required("path")?.to_string(), pattern: q.one("pattern").unwrap_or("").to_string() };
+    Ok(file_list(&agent(&sb)?.search(req).await?.into_inner().files))
 }
 
 #[derive(Debug, Deserialize)]
@@ -343,26 +266,11 @@ struct Repl {
     new: String,
 }
 
-pub async fn replace(
-    Extension(sb): Sandbox,
-    RawQuery(raw): RawQuery,
-    body: Bytes,
-) -> ApiResult<Response> {
+pub async fn replace(Extension(sb): Sandbox, RawQuery(raw): RawQuery, body: Bytes) -> ApiResult<Response> {
     let verbose = Query::parse(raw.as_deref()).flag("verbose");
     let m: BTreeMap<String, Repl> = parse_json(&body)?;
-    let entries = m
-        .into_iter()
-        .map(|(path, r)| ReplaceEntry {
-            path,
-            old: r.old,
-            new: r.new,
-        })
-        .collect();
-    let counts = agent(&sb)?
-        .replace(ReplaceRequest { entries })
-        .await?
-        .into_inner()
-        .counts;
+    let entries = m.into_iter().map(|(path, r)| ReplaceEntry { path, old: r.old, new: r.new }).collect();
+    let counts = agent(&sb)?.replace(ReplaceRequest { entries }).await?.into_inner().counts;
     if !verbose {
         return Ok(StatusCode::OK.into_response());
     }
@@ -375,30 +283,17 @@ pub async fn replace(
 
 pub async fn list_dir(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
     let q = Query::parse(raw.as_deref());
-    let req = ListDirRequest {
-        path: q.required("path")?.to_string(),
-        depth: q.number("depth")?.unwrap_or(1),
-    };
-    Ok(file_list(
-        &agent(&sb)?.list_dir(req).await?.into_inner().files,
-    ))
+    let req = ListDirRequest { path: q.required("path")?.to_string(), depth: q.number("depth")?.unwrap_or(1) };
+    Ok(file_list(&agent(&sb)?.list_dir(req).await?.into_inner().files))
 }
 
 pub async fn make_dirs(Extension(sb): Sandbox, body: Bytes) -> ApiResult<StatusCode> {
-    agent(&sb)?
-        .make_dirs(PermissionsRequest {
-            entries: perms_map(&body)?,
-        })
-        .await?;
+    agent(&sb)?.make_dirs(PermissionsRequest { entries: perms_map(&body)? }).await?;
     Ok(StatusCode::OK)
 }
 
 pub async fn remove_dirs(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<StatusCode> {
-    agent(&sb)?
-        .remove_dirs(PathsRequest {
-            paths: paths(&raw)?,
-        })
-        .await?;
+    agent(&sb)?.remove_dirs(PathsRequest { paths: paths(&raw)? }).await?;
     Ok(StatusCode::OK)
 }
 

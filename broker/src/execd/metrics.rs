@@ -9,10 +9,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 async fn sample(sb: &SandboxEntry) -> ApiResult<Value> {
-    let m = WorkerClient::new(sb.channel()?)
-        .metrics(pvisor_proto::worker::Empty {})
-        .await?
-        .into_inner();
+    let m = WorkerClient::new(sb.channel()?).metrics(pvisor_proto::worker::Empty {}).await?.into_inner();
     const MIB: f64 = 1024.0 * 1024.0;
     Ok(json!({
         "cpu_count": m.cpu_count,

@@ -32,9 +32,7 @@ pub type Sandbox = Extension<Arc<SandboxEntry>>;
 
 /// A gRPC client to the sandbox's agent (through its worker).
 pub fn agent(sb: &SandboxEntry) -> ApiResult<AgentClient<Channel>> {
-    Ok(AgentClient::new(sb.running_channel()?)
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20))
+    Ok(AgentClient::new(sb.running_channel()?).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20))
 }
 
 async fn not_found() -> ApiError {
@@ -73,10 +71,7 @@ fn execd_router() -> Router {
         .route("/files/search", get(files::search))
         .route("/files/replace", post(files::replace))
         .route("/directories/list", get(files::list_dir))
-        .route(
-            "/directories",
-            post(files::make_dirs).delete(files::remove_dirs),
-        )
+        .route("/directories", post(files::make_dirs).delete(files::remove_dirs))
         .route("/metrics", get(metrics::get))
         .route("/metrics/watch", get(metrics::watch))
         .route("/code", any(not_supported))
@@ -89,11 +84,10 @@ fn execd_router() -> Router {
 /// Routes `/sandboxes/{id}/proxy/{port}[/...]` to [`dispatch`].
 pub fn dispatch_router(_ctx: Arc<Ctx>) -> Router<Arc<Ctx>> {
     let inner = execd_router();
-    let handler =
-        move |State(ctx): State<Arc<Ctx>>, Path(p): Path<HashMap<String, String>>, req: Request| {
-            let inner = inner.clone();
-            async move { dispatch(ctx, inner, p, req).await }
-        };
+    let handler = move |State(ctx): State<Arc<Ctx>>, Path(p): Path<HashMap<String, String>>, req: Request| {
+        let inner = inner.clone();
+        async move { dispatch(ctx, inner, p, req).await }
+    };
     Router::new()
         .route("/sandboxes/{id}/proxy/{port}", any(handler.clone()))
         .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(handler))
@@ -106,21 +100,14 @@ fn check_token(sb: &SandboxEntry, req: &Request) -> ApiResult<()> {
             "MISSING_ACCESS_TOKEN",
             format!("missing {TOKEN_HEADER} header"),
         )),
-        Some(v) if !constant_time_eq(v.as_bytes(), sb.token.as_bytes()) => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "INVALID_ACCESS_TOKEN",
-            "invalid data-plane access token",
-        )),
+        Some(v) if !constant_time_eq(v.as_bytes(), sb.token.as_bytes()) => {
+            Err(ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_ACCESS_TOKEN", "invalid data-plane access token"))
+        }
         Some(_) => Ok(()),
     }
 }
 
-async fn dispatch(
-    ctx: Arc<Ctx>,
-    inner: Router,
-    p: HashMap<String, String>,
-    mut req: Request,
-) -> Response {
+async fn dispatch(ctx: Arc<Ctx>, inner: Router, p: HashMap<String, String>, mut req: Request) -> Response {
     let id = p.get("id").cloned().unwrap_or_default();
     let Some(sb) = ctx.registry.get(&id) else {
         return ApiError::sandbox_not_found(&id).into_response();
@@ -128,11 +115,7 @@ async fn dispatch(
     if let Err(e) = check_token(&sb, &req) {
         return e.into_response();
     }
-    let port = match p
-        .get("port")
-        .and_then(|s| s.parse::<u16>().ok())
-        .filter(|p| *p > 0)
-    {
+    let port = match p.get("port").and_then(|s| s.parse::<u16>().ok()).filter(|p| *p > 0) {
         Some(port) => port,
         None => return ApiError::bad_request("invalid port").into_response(),
     };

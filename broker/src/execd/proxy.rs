@@ -38,12 +38,7 @@ pub async fn forward(sb: Arc<SandboxEntry>, port: u16, rest: &str, req: Request)
         Err(e) => return e.into_response(),
     };
     let (to_agent, rx) = tokio::sync::mpsc::channel::<TunnelData>(16);
-    let _ = to_agent
-        .send(TunnelData {
-            port: port as u32,
-            data: Vec::new(),
-        })
-        .await;
+    let _ = to_agent.send(TunnelData { port: port as u32, data: Vec::new() }).await;
     let mut from_agent = match client.tunnel(ReceiverStream::new(rx)).await {
         Ok(s) => s.into_inner(),
         Err(s) => return backend_failed(s.message().to_string()),
@@ -56,14 +51,7 @@ pub async fn forward(sb: Arc<SandboxEntry>, port: u16, rest: &str, req: Request)
             match rd.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if to_agent
-                        .send(TunnelData {
-                            port: 0,
-                            data: buf[..n].to_vec(),
-                        })
-                        .await
-                        .is_err()
-                    {
+                    if to_agent.send(TunnelData { port: 0, data: buf[..n].to_vec() }).await.is_err() {
                         break;
                     }
                 }

@@ -25,25 +25,13 @@ struct RunBody {
 }
 
 pub async fn create(Extension(sb): Sandbox, body: Bytes) -> ApiResult<Json<serde_json::Value>> {
-    let b: CreateBody = if body.iter().all(u8::is_ascii_whitespace) {
-        CreateBody::default()
-    } else {
-        parse_json(&body)?
-    };
-    let r = agent(&sb)?
-        .create_session(CreateSessionRequest {
-            cwd: b.cwd.unwrap_or_default(),
-        })
-        .await?
-        .into_inner();
+    let b: CreateBody =
+        if body.iter().all(u8::is_ascii_whitespace) { CreateBody::default() } else { parse_json(&body)? };
+    let r = agent(&sb)?.create_session(CreateSessionRequest { cwd: b.cwd.unwrap_or_default() }).await?.into_inner();
     Ok(Json(serde_json::json!({"session_id": r.id})))
 }
 
-pub async fn run(
-    Extension(sb): Sandbox,
-    Path(sid): Path<String>,
-    body: Bytes,
-) -> ApiResult<Response> {
+pub async fn run(Extension(sb): Sandbox, Path(sid): Path<String>, body: Bytes) -> ApiResult<Response> {
     let b: RunBody = parse_json(&body)?;
     if b.command.trim().is_empty() {
         return Err(ApiError::bad_request("command is required"));

@@ -20,10 +20,7 @@ where
 {
     (
         StatusCode::OK,
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
+        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
         Body::from_stream(stream),
     )
         .into_response()
@@ -42,22 +39,13 @@ pub fn convert(ev: &ExecEvent) -> Option<(Value, bool)> {
     let ts = ev.timestamp_ms;
     Some(match ev.kind.as_ref()? {
         exec_event::Kind::Init(id) => (json!({"type": "init", "text": id, "timestamp": ts}), false),
-        exec_event::Kind::Stdout(t) => {
-            (json!({"type": "stdout", "text": t, "timestamp": ts}), false)
+        exec_event::Kind::Stdout(t) => (json!({"type": "stdout", "text": t, "timestamp": ts}), false),
+        exec_event::Kind::Stderr(t) => (json!({"type": "stderr", "text": t, "timestamp": ts}), false),
+        exec_event::Kind::Exit(x) if x.code == 0 && x.error.is_empty() => {
+            (json!({"type": "execution_complete", "execution_time": x.elapsed_ms, "timestamp": ts}), true)
         }
-        exec_event::Kind::Stderr(t) => {
-            (json!({"type": "stderr", "text": t, "timestamp": ts}), false)
-        }
-        exec_event::Kind::Exit(x) if x.code == 0 && x.error.is_empty() => (
-            json!({"type": "execution_complete", "execution_time": x.elapsed_ms, "timestamp": ts}),
-            true,
-        ),
         exec_event::Kind::Exit(x) => {
-            let tb = if x.error.is_empty() {
-                format!("exit status {}", x.code)
-            } else {
-                x.error.clone()
-            };
+            let tb = if x.error.is_empty() { format!("exit status {}", x.code) } else { x.error.clone() };
             (
                 json!({"type": "error", "error": {"ename": "CommandExecError", "evalue": x.code.to_string(), "traceback": [tb]}, "timestamp": ts}),
                 true,

@@ -31,37 +31,21 @@ pub async fn connect_unix(path: &Path) -> Result<Channel, tonic::transport::Erro
     Endpoint::from_static("http://worker")
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
             let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-            }
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
         }))
         .await
 }
 
 fn start_failed(msg: impl Into<String>) -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "SANDBOX_START_FAILED",
-        msg,
-    )
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "SANDBOX_START_FAILED", msg)
 }
 
 /// Starts the sandbox on a warm worker; returns the live runtime and the
 /// worker process.
-pub async fn launch(
-    ctx: &Arc<Ctx>,
-    spec: &LaunchSpec,
-) -> Result<(Runtime, tokio::process::Child), ApiError> {
+pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio::process::Child), ApiError> {
     let w = ctx.pool.take(ctx).map_err(start_failed)?;
     let state_dir = ctx.sandboxes_dir.join(&spec.id);
-    let WarmWorker {
-        mut child,
-        socket,
-        log,
-        lifeline,
-        config,
-        cgroup,
-    } = w;
+    let WarmWorker { mut child, socket, log, lifeline, config, cgroup } = w;
     let prepared = (|| -> Result<(), String> {
         std::fs::create_dir_all(&state_dir).map_err(|e| format!("sandbox dir: {e}"))?;
         if let Some(g) = &cgroup {
@@ -81,8 +65,7 @@ pub async fn launch(
             agent_path: ctx.agent_bin.clone(),
             agent_config: spec.agent_config.clone(),
         };
-        pvisor_worker::launch::send_config(config, &cfg)
-            .map_err(|e| format!("configure worker: {e}"))
+        pvisor_worker::launch::send_config(config, &cfg).map_err(|e| format!("configure worker: {e}"))
     })();
     let ready = match prepared {
         Ok(()) => wait_ready(&socket).await,
@@ -92,18 +75,7 @@ pub async fn launch(
     match ready {
         Ok(channel) => {
             let worker_pid = child.id().unwrap_or(0);
-            Ok((
-                Runtime {
-                    channel,
-                    worker_pid,
-                    cgroup,
-                    state_dir,
-                    socket,
-                    log,
-                    lifeline,
-                },
-                child,
-            ))
+            Ok((Runtime { channel, worker_pid, cgroup, state_dir, socket, log, lifeline }, child))
         }
         Err(msg) => {
             let _ = child.start_kill();
@@ -116,27 +88,18 @@ pub async fn launch(
             })
             .await
             .ok();
-            Err(start_failed(if tail.is_empty() {
-                msg
-            } else {
-                format!("{msg}; worker log: {tail}")
-            }))
+            Err(start_failed(if tail.is_empty() { msg } else { format!("{msg}; worker log: {tail}") }))
         }
     }
 }
 
 async fn wait_ready(socket: &Path) -> Result<Channel, String> {
-    let channel = connect_unix(socket)
-        .await
-        .map_err(|e| format!("connect to worker: {e}"))?;
+    let channel = connect_unix(socket).await.map_err(|e| format!("connect to worker: {e}"))?;
     let mut client = WorkerClient::new(channel.clone());
     match tokio::time::timeout(READY_TIMEOUT, client.ready(pvisor_proto::worker::Empty {})).await {
         Ok(Ok(_)) => Ok(channel),
         Ok(Err(s)) => Err(s.message().to_string()),
-        Err(_) => Err(format!(
-            "sandbox not ready within {} s",
-            READY_TIMEOUT.as_secs()
-        )),
+        Err(_) => Err(format!("sandbox not ready within {} s", READY_TIMEOUT.as_secs())),
     }
 }
 
@@ -161,11 +124,7 @@ pub fn monitor(entry: Arc<SandboxEntry>, mut child: tokio::process::Child, log: 
             Ok(s) => s.to_string(),
             Err(e) => e.to_string(),
         };
-        let msg = if tail.is_empty() {
-            format!("worker {status}")
-        } else {
-            format!("worker {status}: {tail}")
-        };
+        let msg = if tail.is_empty() { format!("worker {status}") } else { format!("worker {status}: {tail}") };
         tracing::warn!(sandbox = %entry.id, "{msg}");
         entry.set_state(State::Failed, Some("WORKER_EXITED".into()), Some(msg));
         teardown(&entry).await;

@@ -49,23 +49,15 @@ impl WarmWorker {
         let r = (|| -> Result<WarmWorker, String> {
             let listener = std::os::unix::net::UnixListener::bind(&socket)
                 .map_err(|e| format!("worker socket {}: {e}", socket.display()))?;
-            let (life_rd, life_wr) =
-                nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
-            let (cfg_rd, cfg_wr) =
-                nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+            let (life_rd, life_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+            let (cfg_rd, cfg_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
             let logf = std::fs::File::create(&log).map_err(|e| format!("worker log: {e}"))?;
-            let fds = [
-                listener.as_raw_fd(),
-                life_rd.as_raw_fd(),
-                cfg_rd.as_raw_fd(),
-            ];
+            let fds = [listener.as_raw_fd(), life_rd.as_raw_fd(), cfg_rd.as_raw_fd()];
             let cmd = pvisor_worker::launch::command(&ctx.worker_bin, cgroup.as_ref(), fds, logf)
                 .map_err(|e| e.to_string())?;
             let mut cmd = tokio::process::Command::from(cmd);
             cmd.kill_on_drop(true);
-            let child = cmd
-                .spawn()
-                .map_err(|e| format!("spawn {}: {e}", ctx.worker_bin.display()))?;
+            let child = cmd.spawn().map_err(|e| format!("spawn {}: {e}", ctx.worker_bin.display()))?;
             Ok(WarmWorker {
                 child,
                 socket: socket.clone(),
@@ -100,11 +92,7 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(want: usize) -> Self {
-        Pool {
-            want,
-            idle: Mutex::new(VecDeque::new()),
-            refilling: AtomicBool::new(false),
-        }
+        Pool { want, idle: Mutex::new(VecDeque::new()), refilling: AtomicBool::new(false) }
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, VecDeque<WarmWorker>> {

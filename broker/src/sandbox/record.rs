@@ -117,10 +117,7 @@ impl SandboxEntry {
     }
 
     pub fn take_runtime(&self) -> Option<Runtime> {
-        self.runtime
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// The gRPC channel to the worker, if the sandbox is live.
@@ -136,10 +133,7 @@ impl SandboxEntry {
                         "sandbox {} is {}{}",
                         self.id,
                         s.state.as_str(),
-                        s.message
-                            .as_deref()
-                            .map(|m| format!(": {m}"))
-                            .unwrap_or_default()
+                        s.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
                     ),
                 ))
             }
@@ -149,10 +143,7 @@ impl SandboxEntry {
     /// Like [`channel`](Self::channel), but refuses a paused sandbox.
     pub fn running_channel(&self) -> Result<Channel, ApiError> {
         if self.status().state == State::Paused {
-            return Err(ApiError::conflict(
-                "SANDBOX_PAUSED",
-                format!("sandbox {} is paused", self.id),
-            ));
+            return Err(ApiError::conflict("SANDBOX_PAUSED", format!("sandbox {} is paused", self.id)));
         }
         self.channel()
     }

@@ -44,15 +44,9 @@ impl Registry {
     /// either lands first (and the sandbox stays) or finds it gone (404).
     pub fn take_expired(&self, now: DateTime<Utc>) -> Vec<Arc<SandboxEntry>> {
         let mut map = self.map();
-        let ids: Vec<String> = map
-            .values()
-            .filter(|e| e.status().expires_at.is_some_and(|t| t <= now))
-            .map(|e| e.id.clone())
-            .collect();
-        ids.iter()
-            .filter_map(|id| map.remove(id))
-            .inspect(|e| e.mark_deleting())
-            .collect()
+        let ids: Vec<String> =
+            map.values().filter(|e| e.status().expires_at.is_some_and(|t| t <= now)).map(|e| e.id.clone()).collect();
+        ids.iter().filter_map(|id| map.remove(id)).inspect(|e| e.mark_deleting()).collect()
     }
 
     /// Renews under the registry lock (see [`take_expired`](Self::take_expired)).

@@ -13,22 +13,11 @@ pub async fn teardown(entry: &Arc<SandboxEntry>) {
 }
 
 fn release(id: &str, rt: Runtime) {
-    let Runtime {
-        worker_pid,
-        cgroup,
-        state_dir,
-        socket,
-        log,
-        lifeline,
-        channel,
-    } = rt;
+    let Runtime { worker_pid, cgroup, state_dir, socket, log, lifeline, channel } = rt;
     drop(channel);
     // SIGKILL the worker; its sandbox init dies with it (PDEATHSIG), and the
     // cgroup sweep below catches anything else.
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(worker_pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    );
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker_pid as i32), nix::sys::signal::Signal::SIGKILL);
     drop(lifeline);
     super::pool::release_files(&socket, &log, cgroup.as_ref());
     if let Err(e) = std::fs::remove_dir_all(&state_dir) {

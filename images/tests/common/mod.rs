@@ -24,19 +24,8 @@ pub struct LayerBuilder {
     out: Vec<u8>,
 }
 
-fn header(
-    name: &[u8],
-    kind: tar::EntryType,
-    size: u64,
-    mode: u32,
-    uid: u64,
-    gid: u64,
-    link: &[u8],
-) -> tar::Header {
-    assert!(
-        name.len() <= 100 && link.len() <= 100,
-        "keep test names short"
-    );
+fn header(name: &[u8], kind: tar::EntryType, size: u64, mode: u32, uid: u64, gid: u64, link: &[u8]) -> tar::Header {
+    assert!(name.len() <= 100 && link.len() <= 100, "keep test names short");
     let mut h = tar::Header::new_gnu();
     {
         let old = h.as_old_mut();
@@ -76,15 +65,7 @@ impl LayerBuilder {
         link: &str,
         data: &[u8],
     ) -> Self {
-        let h = header(
-            name.as_bytes(),
-            kind,
-            data.len() as u64,
-            mode,
-            uid,
-            gid,
-            link.as_bytes(),
-        );
+        let h = header(name.as_bytes(), kind, data.len() as u64, mode, uid, gid, link.as_bytes());
         self.raw(&h, data)
     }
 
@@ -115,10 +96,7 @@ impl LayerBuilder {
     }
     /// `dir/.wh.name` for `dir/name`.
     pub fn whiteout(self, path: &str) -> Self {
-        let (dir, name) = path
-            .rsplit_once('/')
-            .map(|(d, n)| (format!("{d}/"), n))
-            .unwrap_or((String::new(), path));
+        let (dir, name) = path.rsplit_once('/').map(|(d, n)| (format!("{d}/"), n)).unwrap_or((String::new(), path));
         self.file(&format!("{dir}.wh.{name}"), b"", 0o600)
     }
     pub fn opaque(self, dir: &str) -> Self {
@@ -126,15 +104,7 @@ impl LayerBuilder {
     }
     /// A header claiming `size` bytes followed by only `data`.
     pub fn lying_size(self, path: &str, size: u64, data: &[u8]) -> Self {
-        let h = header(
-            path.as_bytes(),
-            tar::EntryType::Regular,
-            size,
-            0o644,
-            0,
-            0,
-            b"",
-        );
+        let h = header(path.as_bytes(), tar::EntryType::Regular, size, 0o644, 0, 0, b"");
         self.raw(&h, data)
     }
 
@@ -185,13 +155,7 @@ impl Layer {
     }
 }
 
-pub fn run_config(
-    entrypoint: &[&str],
-    cmd: &[&str],
-    env: &[&str],
-    workdir: &str,
-    user: &str,
-) -> Value {
+pub fn run_config(entrypoint: &[&str], cmd: &[&str], env: &[&str], workdir: &str, user: &str) -> Value {
     json!({
         "architecture": "amd64",
         "os": "linux",
@@ -222,11 +186,7 @@ pub fn docker_members(images: &[DockerImage], blobs_style: bool) -> Members {
     for img in images {
         let config = config_with_rootfs(&img.config, &img.layers);
         let config_hex = hex::encode(Sha256::digest(&config));
-        let config_name = if blobs_style {
-            format!("blobs/sha256/{config_hex}")
-        } else {
-            format!("{config_hex}.json")
-        };
+        let config_name = if blobs_style { format!("blobs/sha256/{config_hex}") } else { format!("{config_hex}.json") };
         let mut layer_names = Vec::new();
         for layer in &img.layers {
             let blob = layer.blob();
@@ -243,20 +203,11 @@ pub fn docker_members(images: &[DockerImage], blobs_style: bool) -> Members {
         members.push((config_name.clone(), config));
         manifest.push(json!({"Config": config_name, "RepoTags": img.tags, "Layers": layer_names}));
     }
-    members.push((
-        "manifest.json".into(),
-        serde_json::to_vec(&manifest).unwrap(),
-    ));
+    members.push(("manifest.json".into(), serde_json::to_vec(&manifest).unwrap()));
     if blobs_style {
         // What newer docker writes alongside; the importer must prefer manifest.json.
-        members.push((
-            "oci-layout".into(),
-            br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
-        ));
-        members.push((
-            "index.json".into(),
-            br#"{"schemaVersion":2,"manifests":[]}"#.to_vec(),
-        ));
+        members.push(("oci-layout".into(), br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec()));
+        members.push(("index.json".into(), br#"{"schemaVersion":2,"manifests":[]}"#.to_vec()));
     }
     members
 }
@@ -283,10 +234,7 @@ fn put_blob(members: &mut Members, bytes: Vec<u8>) -> (String, usize) {
 
 /// Members of an OCI image layout.
 pub fn oci_members(images: &[OciImage]) -> Members {
-    let mut members: Members = vec![(
-        "oci-layout".into(),
-        br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
-    )];
+    let mut members: Members = vec![("oci-layout".into(), br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec())];
     let mut index = Vec::new();
     for img in images {
         let config = config_with_rootfs(&img.config, &img.layers);
@@ -394,25 +342,15 @@ impl Env {
     pub fn assert_store_clean(&self) {
         for e in fs::read_dir(&self.root).unwrap() {
             let name = e.unwrap().file_name().into_string().unwrap();
-            assert!(
-                ["images", "tmp", "lock", "names.json"].contains(&name.as_str()),
-                "stray {name} in store root"
-            );
+            assert!(["images", "tmp", "lock", "names.json"].contains(&name.as_str()), "stray {name} in store root");
         }
         let tmp: Vec<_> = fs::read_dir(self.root.join("tmp")).unwrap().collect();
         assert!(tmp.is_empty(), "tmp/ not empty: {tmp:?}");
         for e in fs::read_dir(self.root.join("images")).unwrap() {
             let e = e.unwrap();
-            assert_eq!(
-                e.file_name().len(),
-                64,
-                "stray {:?} in images/",
-                e.file_name()
-            );
-            let mut inner: Vec<String> = fs::read_dir(e.path())
-                .unwrap()
-                .map(|x| x.unwrap().file_name().into_string().unwrap())
-                .collect();
+            assert_eq!(e.file_name().len(), 64, "stray {:?} in images/", e.file_name());
+            let mut inner: Vec<String> =
+                fs::read_dir(e.path()).unwrap().map(|x| x.unwrap().file_name().into_string().unwrap()).collect();
             inner.sort();
             assert_eq!(inner, ["image.json", "rootfs"]);
         }
@@ -440,12 +378,7 @@ fn snapshot(base: &Path, dir: &Path, skip: &Path, out: &mut BTreeMap<PathBuf, St
 
 /// Ids and names of the store's images, for before/after comparisons.
 pub fn listing(store: &ImageStore) -> Vec<(String, Vec<String>)> {
-    store
-        .list()
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.id, r.names))
-        .collect()
+    store.list().unwrap().into_iter().map(|r| (r.id, r.names)).collect()
 }
 
 pub fn is_root() -> bool {

@@ -61,22 +61,17 @@ pub fn child_main(a: &InitArgs) -> isize {
 
 fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     // Die with the worker, whatever happens to it.
-    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-        .map_err(|e| format!("pdeathsig: {e}"))?;
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(|e| format!("pdeathsig: {e}"))?;
     // Open the layers while still holding the worker's host identity (the
     // sandbox's root may not be able to traverse the data directory's
     // parents) and already inside the new mount namespace (overlayfs only
     // takes layers from the caller's own namespace). Mounted below through
     // their /proc/self/fd links.
     let open_dir = |p: &PathBuf| -> Result<OwnedFd, String> {
-        nix::fcntl::open(
-            p,
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        // SAFETY: open(2) just returned this fd; nothing else owns it.
-        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-        .map_err(|e| format!("open {}: {e}", p.display()))
+        nix::fcntl::open(p, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+            // SAFETY: open(2) just returned this fd; nothing else owns it.
+            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+            .map_err(|e| format!("open {}: {e}", p.display()))
     };
     let layers = [open_dir(&a.lower)?, open_dir(&a.upper)?, open_dir(&a.work)?];
     let mut b = [0u8; 1];
@@ -91,28 +86,17 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
         .map_err(|e| format!("setresuid: {e}"))?;
     // The worker has moved us into the sandbox leaf: root the cgroup namespace there.
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
-        .map_err(|e| format!("cgroup namespace: {e}"))?;
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).map_err(|e| format!("cgroup namespace: {e}"))?;
     let fd_path = |fd: &OwnedFd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-    let (lower, upper, work) = (
-        fd_path(&layers[0]),
-        fd_path(&layers[1]),
-        fd_path(&layers[2]),
-    );
-    mounts::setup(&RootfsSpec {
-        lower: &lower,
-        upper: &upper,
-        work: &work,
-        hostname: &a.hostname,
-    })?;
+    let (lower, upper, work) = (fd_path(&layers[0]), fd_path(&layers[1]), fd_path(&layers[2]));
+    mounts::setup(&RootfsSpec { lower: &lower, upper: &upper, work: &work, hostname: &a.hostname })?;
     sethostname(&a.hostname).map_err(|e| format!("sethostname: {e}"))?;
     net::loopback_up().map_err(|e| format!("loopback: {e}"))?;
     nix::unistd::dup2(a.agent_sock.as_raw_fd(), AGENT_FD).map_err(|e| format!("dup2: {e}"))?;
     drop_capabilities()?;
     let filter = pvisor_seccomp::sandbox_filter().map_err(|e| format!("seccomp: {e}"))?;
     pvisor_seccomp::apply_to_thread(&filter).map_err(|e| format!("seccomp: {e}"))?;
-    nix::unistd::fexecve(a.agent_exe.as_raw_fd(), &a.argv, &a.env)
-        .map_err(|e| format!("exec agent: {e}"))?;
+    nix::unistd::fexecve(a.agent_exe.as_raw_fd(), &a.argv, &a.env).map_err(|e| format!("exec agent: {e}"))?;
     unreachable!("fexecve returned without error")
 }
 
@@ -126,8 +110,7 @@ fn drop_capabilities() -> Result<(), String> {
     }
     for set in [CapSet::Effective, CapSet::Permitted, CapSet::Inheritable] {
         let cur = caps::read(None, set).map_err(|e| format!("read caps: {e}"))?;
-        caps::set(None, set, &cur.intersection(&keep).cloned().collect())
-            .map_err(|e| format!("set caps: {e}"))?;
+        caps::set(None, set, &cur.intersection(&keep).cloned().collect()).map_err(|e| format!("set caps: {e}"))?;
     }
     Ok(())
 }

@@ -27,11 +27,7 @@ pub struct NsBackend;
 impl Backend for NsBackend {
     fn start(&self, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>> {
         let (pid, stream) = spawn::start(cfg)?;
-        Ok(Box::new(NsSandbox {
-            pid,
-            stream: Mutex::new(Some(stream)),
-            cgroup: cfg.cgroup.clone(),
-        }))
+        Ok(Box::new(NsSandbox { pid, stream: Mutex::new(Some(stream)), cgroup: cfg.cgroup.clone() }))
     }
 }
 
@@ -43,9 +39,7 @@ pub struct NsSandbox {
 
 impl NsSandbox {
     fn cgroup(&self) -> Result<&GroupPaths> {
-        self.cgroup
-            .as_ref()
-            .ok_or_else(|| WorkerError::NoCgroup("sandbox has no cgroup".into()))
+        self.cgroup.as_ref().ok_or_else(|| WorkerError::NoCgroup("sandbox has no cgroup".into()))
     }
 }
 

@@ -21,20 +21,9 @@ pub struct RootfsSpec<'a> {
 /// Device nodes bind-mounted from the host (a user namespace cannot mknod).
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 
-fn m(
-    src: Option<&str>,
-    target: &Path,
-    fstype: Option<&str>,
-    flags: MsFlags,
-    data: Option<&str>,
-) -> Result<(), String> {
-    mount(src, target, fstype, flags, data).map_err(|e| {
-        format!(
-            "mount {} on {}: {e}",
-            fstype.or(src).unwrap_or("?"),
-            target.display()
-        )
-    })
+fn m(src: Option<&str>, target: &Path, fstype: Option<&str>, flags: MsFlags, data: Option<&str>) -> Result<(), String> {
+    mount(src, target, fstype, flags, data)
+        .map_err(|e| format!("mount {} on {}: {e}", fstype.or(src).unwrap_or("?"), target.display()))
 }
 
 fn mkdir(p: &Path) -> Result<(), String> {
@@ -43,67 +32,24 @@ fn mkdir(p: &Path) -> Result<(), String> {
 
 /// Builds the root filesystem and pivots into it.
 pub fn setup(s: &RootfsSpec) -> Result<(), String> {
-    m(
-        None,
-        Path::new("/"),
-        None,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None,
-    )?;
-    let ovl = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        s.lower.display(),
-        s.upper.display(),
-        s.work.display()
-    );
+    m(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)?;
+    let ovl = format!("lowerdir={},upperdir={},workdir={}", s.lower.display(), s.upper.display(), s.work.display());
     let with_userxattr = format!("{ovl},userxattr");
     let r = Path::new(ASSEMBLY_POINT);
-    m(
-        Some("overlay"),
-        r,
-        Some("overlay"),
-        MsFlags::empty(),
-        Some(&with_userxattr),
-    )
-    .or_else(|_| {
-        m(
-            Some("overlay"),
-            r,
-            Some("overlay"),
-            MsFlags::empty(),
-            Some(&ovl),
-        )
-    })?;
+    m(Some("overlay"), r, Some("overlay"), MsFlags::empty(), Some(&with_userxattr))
+        .or_else(|_| m(Some("overlay"), r, Some("overlay"), MsFlags::empty(), Some(&ovl)))?;
     let nsd = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
 
     mkdir(&r.join("proc"))?;
-    m(
-        Some("proc"),
-        &r.join("proc"),
-        Some("proc"),
-        nsd | MsFlags::MS_NOEXEC,
-        None,
-    )?;
+    m(Some("proc"), &r.join("proc"), Some("proc"), nsd | MsFlags::MS_NOEXEC, None)?;
 
     let dev = r.join("dev");
     mkdir(&dev)?;
-    m(
-        Some("tmpfs"),
-        &dev,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("mode=755,size=1024k"),
-    )?;
+    m(Some("tmpfs"), &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=1024k"))?;
     for d in DEVICES {
         let node = dev.join(d);
         fs::write(&node, b"").map_err(|e| format!("create {}: {e}", node.display()))?;
-        m(
-            Some(&format!("/dev/{d}")),
-            &node,
-            None,
-            MsFlags::MS_BIND,
-            None,
-        )?;
+        m(Some(&format!("/dev/{d}")), &node, None, MsFlags::MS_BIND, None)?;
     }
     mkdir(&dev.join("pts"))?;
     if m(
@@ -118,13 +64,7 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
         let _ = symlink("pts/ptmx", dev.join("ptmx"));
     }
     mkdir(&dev.join("shm"))?;
-    m(
-        Some("tmpfs"),
-        &dev.join("shm"),
-        Some("tmpfs"),
-        nsd,
-        Some("mode=1777"),
-    )?;
+    m(Some("tmpfs"), &dev.join("shm"), Some("tmpfs"), nsd, Some("mode=1777"))?;
     for (name, target) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -135,32 +75,17 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
     }
 
     mkdir(&r.join("tmp"))?;
-    m(
-        Some("tmpfs"),
-        &r.join("tmp"),
-        Some("tmpfs"),
-        nsd,
-        Some("mode=1777"),
-    )?;
+    m(Some("tmpfs"), &r.join("tmp"), Some("tmpfs"), nsd, Some("mode=1777"))?;
     // Read-only sysfs is a convenience for tools; a host that refuses it is fine.
     if mkdir(&r.join("sys")).is_ok() {
-        let _ = m(
-            Some("sysfs"),
-            &r.join("sys"),
-            Some("sysfs"),
-            nsd | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY,
-            None,
-        );
+        let _ = m(Some("sysfs"), &r.join("sys"), Some("sysfs"), nsd | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY, None);
     }
     let etc = r.join("etc");
     if etc.is_dir() {
         let _ = fs::write(etc.join("hostname"), format!("{}\n", s.hostname));
         let _ = fs::write(
             etc.join("hosts"),
-            format!(
-                "127.0.0.1\tlocalhost {0}\n::1\tlocalhost ip6-localhost {0}\n",
-                s.hostname
-            ),
+            format!("127.0.0.1\tlocalhost {0}\n::1\tlocalhost ip6-localhost {0}\n", s.hostname),
         );
     }
 

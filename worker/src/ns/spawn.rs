@@ -30,20 +30,26 @@ fn write_id_maps(pid: i32, ids: &IdMap) -> Result<()> {
     let proc_file = |f: &str| format!("/proc/{pid}/{f}");
     if ids.count == 1 {
         // Unprivileged: setgroups must be denied before an unprivileged gid_map.
-        fs::write(proc_file("setgroups"), "deny")
-            .map_err(|e| WorkerError::sys("setgroups deny", e))?;
+        fs::write(proc_file("setgroups"), "deny").map_err(|e| WorkerError::sys("setgroups deny", e))?;
     }
-    fs::write(
-        proc_file("uid_map"),
-        format!("0 {} {}\n", ids.uid_base, ids.count),
-    )
-    .map_err(|e| WorkerError::sys("uid_map", e))?;
-    fs::write(
-        proc_file("gid_map"),
-        format!("0 {} {}\n", ids.gid_base, ids.count),
-    )
-    .map_err(|e| WorkerError::sys("gid_map", e))?;
+    fs::write(proc_file("uid_map"), format!("0 {} {}\n", ids.uid_base, ids.count))
+        .map_err(|e| WorkerError::sys("uid_map", e))?;
+    fs::write(proc_file("gid_map"), format!("0 {} {}\n", ids.gid_base, ids.count))
+        .map_err(|e| WorkerError::sys("gid_map", e))?;
     Ok(())
+}
+
+/// Everything the child wrote to the error pipe, until it closes.
+fn read_to_end(fd: &OwnedFd) -> String {
+    let mut msg = Vec::new();
+    let mut buf = [0u8; 512];
+    while let Ok(n) = nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+        if n == 0 {
+            break;
+        }
+        msg.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&msg).into_owned()
 }
 
 /// Clones the sandbox init and waits until it has exec'd the agent.
@@ -55,22 +61,14 @@ pub fn start(cfg: &WorkerConfig) -> Result<(i32, UnixStream)> {
         mkdir_owned(d, &cfg.ids)?;
     }
 
-    let (ours, theirs) = socketpair(
-        AddressFamily::Unix,
-        SockType::Stream,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| WorkerError::sys("socketpair", e))?;
-    let (go_rd, go_wr) =
-        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| WorkerError::sys("pipe", e))?;
-    let (err_rd, err_wr) =
-        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| WorkerError::sys("pipe", e))?;
+    let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
+        .map_err(|e| WorkerError::sys("socketpair", e))?;
+    let (go_rd, go_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| WorkerError::sys("pipe", e))?;
+    let (err_rd, err_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| WorkerError::sys("pipe", e))?;
     let agent_exe: OwnedFd = fs::File::open(&cfg.agent_path)
         .map_err(|e| WorkerError::sys(format!("open agent {}", cfg.agent_path.display()), e))?
         .into();
-    let config =
-        serde_json::to_string(&cfg.agent_config).map_err(|e| WorkerError::Start(e.to_string()))?;
+    let config = serde_json::to_string(&cfg.agent_config).map_err(|e| WorkerError::Start(e.to_string()))?;
     let args = InitArgs {
         go: go_rd,
         err: err_wr,
@@ -80,11 +78,7 @@ pub fn start(cfg: &WorkerConfig) -> Result<(i32, UnixStream)> {
         upper,
         work,
         hostname: cfg.hostname.clone(),
-        argv: vec![
-            cstr("pvisor-agent")?,
-            cstr("--fd")?,
-            cstr(&AGENT_FD.to_string())?,
-        ],
+        argv: vec![cstr("pvisor-agent")?, cstr("--fd")?, cstr(&AGENT_FD.to_string())?],
         // Not on the command line (world-readable); the agent is non-dumpable,
         // so its environment is not readable from inside the sandbox.
         env: vec![
@@ -102,21 +96,10 @@ pub fn start(cfg: &WorkerConfig) -> Result<(i32, UnixStream)> {
     // SAFETY: the worker is single-threaded here (no runtime or helper thread
     // has been started), so the child's copy of the address space is
     // consistent; the child only runs `child_main`, which execs or exits.
-    let pid = unsafe {
-        nix::sched::clone(
-            Box::new(|| init::child_main(&args)),
-            &mut stack,
-            flags,
-            Some(libc::SIGCHLD),
-        )
-    }
-    .map_err(|e| WorkerError::sys("clone", e))?;
-    let InitArgs {
-        go,
-        err,
-        agent_sock,
-        ..
-    } = args;
+    let pid =
+        unsafe { nix::sched::clone(Box::new(|| init::child_main(&args)), &mut stack, flags, Some(libc::SIGCHLD)) }
+            .map_err(|e| WorkerError::sys("clone", e))?;
+    let InitArgs { go, err, agent_sock, .. } = args;
     drop((go, err, agent_sock));
     let pid = pid.as_raw();
     let t = std::time::Instant::now();
@@ -129,29 +112,20 @@ pub fn start(cfg: &WorkerConfig) -> Result<(i32, UnixStream)> {
         Ok(())
     };
     if let Err(e) = release() {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-        return Err(e);
+        // The child may have failed first (and that is why releasing it did):
+        // its own message is the better reason.
+        let msg = read_to_end(&err_rd);
+        return Err(if msg.is_empty() { e } else { WorkerError::Start(msg) });
     }
     drop(go_wr);
     tracing::debug!(release = ?t.elapsed(), "sandbox init released");
     // The error pipe is close-on-exec: EOF without data means the agent runs.
-    let mut msg = Vec::new();
-    let mut buf = [0u8; 512];
-    while let Ok(n) = nix::unistd::read(err_rd.as_raw_fd(), &mut buf) {
-        if n == 0 {
-            break;
-        }
-        msg.extend_from_slice(&buf[..n]);
-    }
+    let msg = read_to_end(&err_rd);
     if !msg.is_empty() {
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-        return Err(WorkerError::Start(
-            String::from_utf8_lossy(&msg).into_owned(),
-        ));
+        return Err(WorkerError::Start(msg));
     }
     tracing::debug!(exec = ?t.elapsed(), "agent exec'd");
     Ok((pid, UnixStream::from(ours)))
