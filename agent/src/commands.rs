@@ -3,7 +3,7 @@
 use crate::config::AgentConfig;
 use crate::error::{AgentError, Result};
 use crate::lines::for_each_line;
-use crate::spawn::{kill_group, spawn, SpawnSpec, Spawned};
+use crate::spawn::{kill_group_bg, spawn, SpawnSpec, Spawned};
 use pvisor_proto::agent::{exec_event, CommandStatusReply, ExecEvent, ExecRequest, ExitStatus, LogsReply};
 use pvisor_proto::now_ms;
 use std::collections::{HashMap, VecDeque};
@@ -80,10 +80,13 @@ impl Entry {
     }
 }
 
+/// Commands by id, plus ids in start order (for bounding the table).
+type Table = (HashMap<String, Arc<Entry>>, VecDeque<String>);
+
 /// Every command the agent started, by id.
 pub struct Commands {
     cfg: Arc<AgentConfig>,
-    table: Mutex<(HashMap<String, Arc<Entry>>, VecDeque<String>)>,
+    table: Mutex<Table>,
 }
 
 pub fn new_id() -> String {
@@ -178,7 +181,7 @@ impl Commands {
         let mut s = e.state();
         if s.running {
             s.error = "interrupted".into();
-            kill_group(e.pgid);
+            kill_group_bg(e.pgid);
         }
         Ok(())
     }
@@ -230,12 +233,12 @@ async fn drive(entry: Arc<Entry>, sp: Spawned, sink: Option<EventTx>, timeout: O
             _ = &mut readers, if !readers_done => readers_done = true,
             _ = &mut deadline, if !timed_out => {
                 timed_out = true;
-                kill_group(pid);
+                kill_group_bg(pid);
             }
             _ = &mut closed, if !abandoned => {
                 // The client went away: a foreground command dies with its stream.
                 abandoned = true;
-                kill_group(pid);
+                kill_group_bg(pid);
             }
         }
     };

@@ -50,6 +50,13 @@ fn main() {
     unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
     }
+    // Under the sandbox's memory pressure the kernel would evict our text and
+    // we would thrash instead of killing what causes the pressure: lock the
+    // pages we touch (the worker raised RLIMIT_MEMLOCK for us). Best effort.
+    // SAFETY: mlockall takes flags only.
+    unsafe {
+        libc::mlockall(libc::MCL_CURRENT | libc::MCL_ONFAULT);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)

@@ -3,7 +3,7 @@
 use crate::commands::{event, new_id, EventTx};
 use crate::config::AgentConfig;
 use crate::error::{AgentError, Result};
-use crate::spawn::{kill_group, spawn, SpawnSpec};
+use crate::spawn::{kill_group_bg, spawn, SpawnSpec};
 use pvisor_proto::agent::{exec_event, ExitStatus};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -112,7 +112,7 @@ impl Sessions {
             .remove(id)
             .ok_or_else(|| AgentError::NotFound(format!("session {id}")))?;
         if let Some(sh) = s.shell.lock().await.take() {
-            kill_group(sh.pid);
+            kill_group_bg(sh.pid);
         }
         Ok(())
     }
@@ -146,7 +146,7 @@ impl Sessions {
             Ok((Some(code), Some(_))) => (code.parse().unwrap_or(-1), String::new(), false),
             Ok(_) => (-1, "session shell exited".to_string(), true),
             Err(_) => {
-                kill_group(*pid);
+                kill_group_bg(*pid);
                 (137, format!("command timed out after {timeout_ms} ms"), true)
             }
         };

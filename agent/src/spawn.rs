@@ -93,14 +93,22 @@ pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    // The agent shields itself from the OOM killer; its commands must not be.
+    // The agent may lock memory, runs at high priority and must survive the
+    // sandbox's OOMs: commands get the usual RLIMIT_MEMLOCK and nice 0, and a
+    // raised OOM score (raising needs no
+    // privilege, so this works even where the host forbids lowering scores),
+    // which makes them the memory cgroup's victims before the agent or worker.
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // open/write/close syscalls on a static path.
+    // setrlimit/open/write/close syscalls on a local struct and a static path.
     unsafe {
         cmd.pre_exec(|| {
+            let lim = libc::rlimit { rlim_cur: COMMAND_MEMLOCK, rlim_max: COMMAND_MEMLOCK };
+            libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim);
+            // The agent may run at nice -20 (see the worker's harden module).
+            libc::setpriority(libc::PRIO_PROCESS, 0, 0);
             let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
             if fd >= 0 {
-                libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::write(fd, COMMAND_OOM_SCORE_ADJ.as_ptr().cast(), COMMAND_OOM_SCORE_ADJ.len());
                 libc::close(fd);
             }
             Ok(())
@@ -140,10 +148,29 @@ pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
     Ok(Spawned { pid, stdin, stdout, stderr, exit })
 }
 
-/// SIGKILLs the process group `pgid`.
-pub fn kill_group(pgid: i32) {
-    // SAFETY: kill(2) with a negative pid signals a process group; no memory is involved.
-    unsafe {
-        libc::kill(-pgid, libc::SIGKILL);
+/// `oom_score_adj` of sandbox commands.
+const COMMAND_OOM_SCORE_ADJ: &[u8] = b"500";
+
+/// `RLIMIT_MEMLOCK` of sandbox commands (the usual default).
+const COMMAND_MEMLOCK: libc::rlim_t = 8 << 20;
+
+/// SIGKILLs the process group `pgid`, again and again until it is gone: a
+/// fork bomb's members fork while the first signal is being delivered.
+/// Async and thread-free on purpose: at the sandbox's pids limit the agent
+/// cannot start a thread, and that is exactly when this must work.
+pub async fn kill_group(pgid: i32) {
+    for _ in 0..500 {
+        // SAFETY: kill(2) with a negative pid signals a process group; no memory is involved.
+        let r = unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        if r != 0 {
+            return; // ESRCH: nobody left in the group
+        }
+        crate::reaper::reap_all();
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
+}
+
+/// [`kill_group`] as its own task.
+pub fn kill_group_bg(pgid: i32) {
+    tokio::spawn(kill_group(pgid));
 }

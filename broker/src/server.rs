@@ -75,6 +75,38 @@ pub fn is_static_elf(path: &Path) -> std::io::Result<bool> {
     Ok(true)
 }
 
+/// Longest Unix socket path (`sun_path` holds 108 bytes with the NUL).
+const SUN_PATH_MAX: usize = 107;
+/// Length of a worker socket's file name (`<16 hex>.sock`) plus its slash.
+const SOCKET_NAME_LEN: usize = 22;
+
+/// Where worker sockets live: `<data>/run`, unless that path is too long for
+/// a Unix socket; then a private directory under the system's temp dir.
+fn run_dir(data_dir: &Path) -> Result<PathBuf, String> {
+    let preferred = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf()).join("run");
+    if preferred.as_os_str().len() + SOCKET_NAME_LEN <= SUN_PATH_MAX {
+        return Ok(preferred);
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = std::env::temp_dir().join(format!("{}{uid}", cgroup_prefix(data_dir)));
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("socket dir {}: {e}", dir.display())),
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let md = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !md.is_dir() || md.uid() != uid {
+        return Err(format!("socket dir {} is not a directory owned by uid {uid}", dir.display()));
+    }
+    if dir.as_os_str().len() + SOCKET_NAME_LEN > SUN_PATH_MAX {
+        return Err(format!("no socket directory short enough for data dir {}", data_dir.display()));
+    }
+    Ok(dir)
+}
+
 fn clean_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for e in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
@@ -134,7 +166,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
             o.listen
         ));
     }
-    let run_dir = o.data_dir.join("run");
+    let run_dir = run_dir(&o.data_dir)?;
     let sandboxes_dir = o.data_dir.join("sandboxes");
     clean_dir(&run_dir)?;
     clean_dir(&sandboxes_dir)?;
@@ -243,6 +275,16 @@ mod tests {
         assert_eq!(a, cgroup_prefix(Path::new("/nonexistent/a")));
         assert_ne!(a, cgroup_prefix(Path::new("/nonexistent/b")));
         assert!(a.starts_with("pvisor-") && a.ends_with('-') && a.len() == "pvisor-".len() + 9);
+    }
+
+    #[test]
+    fn long_data_dirs_get_a_short_socket_dir() {
+        let short = run_dir(Path::new("/var/lib/pvisor")).unwrap();
+        assert_eq!(short, PathBuf::from("/var/lib/pvisor/run"));
+        let long = PathBuf::from("/tmp").join("d".repeat(120));
+        let r = run_dir(&long).unwrap();
+        assert!(r.as_os_str().len() + SOCKET_NAME_LEN <= SUN_PATH_MAX, "{}", r.display());
+        assert!(!r.starts_with(&long));
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod cgroup;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod harden;
 pub mod launch;
 pub mod ns;
 pub mod service;

@@ -90,6 +90,7 @@ fn main() {
         .init();
     set_cloexec(cfg.listen_fd);
     set_cloexec(cfg.lifeline_fd);
+    pvisor_worker::harden::protect_worker();
     // Start the sandbox while this process is still single-threaded.
     let started = backend::for_kind(cfg.backend).and_then(|b| b.start(&cfg));
     let t_started = t0.elapsed();

@@ -54,9 +54,24 @@ pub fn parse_memory(s: &str) -> Result<u64, String> {
     Err(format!("invalid memory quantity {s:?}"))
 }
 
-/// Applies request limits over the defaults.
+/// Memory per allowed process when `pids` is not given.
+const BYTES_PER_PID: u64 = 256 << 10;
+const MIN_PIDS: u64 = 256;
+const MAX_DEFAULT_PIDS: u64 = 4096;
+
+/// Default process limit for a memory limit: one process per 256 KiB,
+/// between 256 and 4096. Far more processes than memory can hold turns a
+/// fork bomb into a memory thrash that starves the sandbox's own agent;
+/// within this bound the bomb stops at the pids limit instead.
+pub fn default_pids(memory_bytes: u64) -> u64 {
+    (memory_bytes / BYTES_PER_PID).clamp(MIN_PIDS, MAX_DEFAULT_PIDS)
+}
+
+/// Applies request limits over the defaults (`pids` scales with memory
+/// unless given).
 pub fn from_request(req: Option<&BTreeMap<String, String>>, defaults: Limits) -> Result<Limits, String> {
     let mut l = defaults;
+    let mut pids = None;
     if let Some(m) = req {
         if let Some(c) = m.get("cpu") {
             l.cpu_millis = parse_cpu(c)?;
@@ -65,9 +80,14 @@ pub fn from_request(req: Option<&BTreeMap<String, String>>, defaults: Limits) ->
             l.memory_bytes = parse_memory(mem)?;
         }
         if let Some(p) = m.get("pids") {
-            l.pids = p.parse().map_err(|_| format!("invalid pids limit {p:?}"))?;
+            let n: u64 = p.parse().map_err(|_| format!("invalid pids limit {p:?}"))?;
+            if n < 16 {
+                return Err(format!("pids limit {n} is below the minimum of 16"));
+            }
+            pids = Some(n);
         }
     }
+    l.pids = pids.unwrap_or_else(|| default_pids(l.memory_bytes));
     Ok(l)
 }
 
@@ -88,5 +108,18 @@ mod tests {
         assert_eq!(parse_memory("134217728").unwrap(), 128 << 20);
         assert!(parse_memory("12Zi").is_err());
         assert!(parse_memory("1Ki").is_err(), "below minimum");
+    }
+
+    #[test]
+    fn pids_scale_with_memory_unless_given() {
+        let d = Limits::default();
+        let m = |v: &[(&str, &str)]| v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
+        assert_eq!(from_request(Some(&m(&[("memory", "256Mi")])), d).unwrap().pids, 1024);
+        assert_eq!(from_request(Some(&m(&[("memory", "512Mi")])), d).unwrap().pids, 2048);
+        assert_eq!(from_request(Some(&m(&[("memory", "2Gi")])), d).unwrap().pids, 4096);
+        assert_eq!(from_request(Some(&m(&[("memory", "32Mi")])), d).unwrap().pids, 256);
+        assert_eq!(from_request(Some(&m(&[("memory", "2Gi"), ("pids", "100")])), d).unwrap().pids, 100);
+        assert_eq!(from_request(None, d).unwrap().pids, 2048, "default 512 MiB");
+        assert!(from_request(Some(&m(&[("pids", "3")])), d).is_err());
     }
 }

@@ -1,4 +1,7 @@
 //! `/session`: long-lived shells whose state persists between runs.
+//!
+//! Path parameters come as a map: the dispatcher's own parameters (`id`,
+//! `port`, `rest`) are still on the request.
 use super::{agent, sse, Sandbox};
 use crate::api::error::{parse_json, ApiError, ApiResult};
 use axum::body::Bytes;
@@ -8,6 +11,7 @@ use axum::response::Response;
 use axum::{Extension, Json};
 use pvisor_proto::agent::{CreateSessionRequest, SessionRef, SessionRunRequest};
 use serde::Deserialize;
+use std::collections::HashMap;
 
 #[derive(Debug, Default, Deserialize)]
 struct CreateBody {
@@ -31,7 +35,8 @@ pub async fn create(Extension(sb): Sandbox, body: Bytes) -> ApiResult<Json<serde
     Ok(Json(serde_json::json!({"session_id": r.id})))
 }
 
-pub async fn run(Extension(sb): Sandbox, Path(sid): Path<String>, body: Bytes) -> ApiResult<Response> {
+pub async fn run(Extension(sb): Sandbox, Path(p): Path<HashMap<String, String>>, body: Bytes) -> ApiResult<Response> {
+    let sid = p.get("sid").cloned().unwrap_or_default();
     let b: RunBody = parse_json(&body)?;
     if b.command.trim().is_empty() {
         return Err(ApiError::bad_request("command is required"));
@@ -46,7 +51,8 @@ pub async fn run(Extension(sb): Sandbox, Path(sid): Path<String>, body: Bytes) -
     Ok(sse::response(sse::exec_stream(stream, false)))
 }
 
-pub async fn delete(Extension(sb): Sandbox, Path(sid): Path<String>) -> ApiResult<StatusCode> {
+pub async fn delete(Extension(sb): Sandbox, Path(p): Path<HashMap<String, String>>) -> ApiResult<StatusCode> {
+    let sid = p.get("sid").cloned().unwrap_or_default();
     agent(&sb)?.delete_session(SessionRef { id: sid }).await?;
     Ok(StatusCode::OK)
 }
