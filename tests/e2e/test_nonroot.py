@@ -1,0 +1,130 @@
+"""The broker runs unprivileged: a non-root user given a data directory and a
+delegated cgroup serves sandboxes end to end through the official SDK, with
+the limits applied beneath the delegated group.
+
+Needs root to set the scene (a user, delegated cgroups); skipped otherwise.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from opensandbox.sync.sandbox import SandboxSync
+
+from conftest import _make_conn, free_port, images_dir, pvisor_bin
+
+USER = "pvisor-e2e"
+V1_CONTROLLERS = ["cpu", "cpuacct", "pids", "freezer"]
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="setting up a user and delegated cgroups needs root")
+
+
+def own_cgroup_dirs() -> dict[str, Path]:
+    """Per hierarchy, the directory of this process's own cgroup."""
+    mounts = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        pre, post = line.split(" - ", 1)
+        f, g = pre.split(), post.split()
+        if g[0] == "cgroup":
+            for c in g[2].split(","):
+                mounts[c] = (Path(f[4]), f[3])
+        elif g[0] == "cgroup2":
+            mounts.setdefault("", (Path(f[4]), f[3]))
+    out = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        for c in (ctrls.split(",") if ctrls else [""]):
+            if c in mounts:
+                point, root = mounts[c]
+                rel = path[len(root):] if path.startswith(root) and root != "/" else path
+                out[c] = point / rel.lstrip("/")
+    return out
+
+
+@pytest.fixture
+def delegated():
+    if subprocess.run(["id", USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", USER], check=True)
+    pw = pwd.getpwnam(USER)
+    dirs = own_cgroup_dirs()
+    v2 = dirs.get("")
+    if v2 is not None and (v2 / "cgroup.controllers").exists() and "memory" in (v2 / "cgroup.controllers").read_text():
+        pytest.skip("cgroup v2 delegation is covered on v2 hosts by the Rust cgroup tests")
+    groups = []
+    for c in ["memory", *V1_CONTROLLERS]:
+        g = dirs[c] / f"{USER}-{os.getpid()}"
+        g.mkdir(exist_ok=True)
+        for p in [g, *g.iterdir()]:
+            os.chown(p, pw.pw_uid, pw.pw_gid)
+        groups.append(g)
+    data = Path(tempfile.mkdtemp(prefix="pvisor-nonroot-", dir="/tmp"))
+    data.chmod(0o755)
+    os.chown(data, pw.pw_uid, pw.pw_gid)
+    yield pw, groups, data
+    for g in groups:
+        for sub in sorted(g.glob("**/"), key=lambda p: -len(p.parts)):
+            for _ in range(50):
+                try:
+                    sub.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+    shutil.rmtree(data, ignore_errors=True)
+
+
+def test_unprivileged_broker_serves_sandboxes(delegated, tmp_path):
+    pw, groups, data = delegated
+    binary = pvisor_bin()
+    port = free_port()
+    join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in groups)
+    user_cmd = (
+        f"{binary} image import {images_dir() / 'busybox.tar'} --data-dir {data} && "
+        f"exec {binary} serve --listen 127.0.0.1:{port} --data-dir {data}"
+    )
+    log = open(tmp_path / "server.log", "wb")
+    proc = subprocess.Popen(
+        ["bash", "-c", f"{join}; exec setpriv --reuid={pw.pw_uid} --regid={pw.pw_gid} --clear-groups bash -c '{user_cmd}'"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()
+            assert time.monotonic() < deadline, "unprivileged server did not come up"
+            time.sleep(0.05)
+        assert Path(f"/proc/{proc.pid}/status").read_text().count(f"Uid:\t{pw.pw_uid}") == 1, "the broker runs as the user"
+
+        sb = SandboxSync.create("busybox", connection_config=_make_conn(f"127.0.0.1:{port}"),
+                                resource={"cpu": "1", "memory": "128Mi"})
+        try:
+            ex = sb.commands.run("id -u; hostname; echo data > /root/f; cat /root/f")
+            assert ex.exit_code == 0
+            assert [m.text for m in ex.logs.stdout] == ["0", f"sandbox-{sb.id[:8]}", "data"]
+            # The sandbox's limits sit beneath the delegated groups.
+            mem_groups = [p for p in groups[0].iterdir() if p.is_dir() and p.name.startswith("pvisor-")]
+            limits = {int((p / "memory.limit_in_bytes").read_text()) for p in mem_groups}
+            assert 128 << 20 in limits, limits
+            rows = subprocess.run(["ps", "-o", "uid=,ppid=", "-C", "pvisor-worker"], capture_output=True, text=True).stdout.split("\n")
+            ours = [r.split() for r in rows if r.split() and int(r.split()[1]) == proc.pid]
+            assert ours, "the broker's workers are its children"
+            assert all(int(uid) == pw.pw_uid for uid, _ in ours), f"workers run as the user: {ours}"
+        finally:
+            sb.kill()
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+        log.close()
