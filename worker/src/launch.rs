@@ -63,3 +63,17 @@ pub fn send_config(config_pipe: OwnedFd, cfg: &WorkerConfig) -> std::io::Result<
     let json = serde_json::to_vec(&cfg).map_err(std::io::Error::other)?;
     std::fs::File::from(config_pipe).write_all(&json)
 }
+
+/// Opens a gRPC channel to a Unix socket (a worker's, or an agent's in tests).
+pub async fn connect_unix(path: &Path) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://unix")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+}

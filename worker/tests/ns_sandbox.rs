@@ -6,7 +6,6 @@
 //! images (`$PVISOR_TEST_IMAGES`); `scripts/test.sh` provides both. Without
 //! those variables the tests say so and pass vacuously; with them set, any
 //! missing piece is a failure.
-use hyper_util::rt::TokioIo;
 use pvisor_proto::agent::agent_client::AgentClient;
 use pvisor_proto::agent::{exec_event, ExecRequest};
 use pvisor_proto::worker::worker_client::WorkerClient;
@@ -16,7 +15,7 @@ use pvisor_worker::config::{IdMap, Limits, WorkerConfig};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
@@ -60,17 +59,6 @@ impl Drop for Worker {
     }
 }
 
-async fn connect(sock: &Path) -> Channel {
-    let sock = sock.to_path_buf();
-    Endpoint::from_static("http://worker")
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let sock = sock.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(sock).await?)) }
-        }))
-        .await
-        .unwrap()
-}
-
 async fn start(env: &Env, image_root: Option<PathBuf>, limits: Limits) -> Worker {
     let dir = tempfile::tempdir().unwrap();
     let root = match image_root {
@@ -109,7 +97,7 @@ async fn start(env: &Env, image_root: Option<PathBuf>, limits: Limits) -> Worker
     let child = cmd.spawn().unwrap();
     drop((listener, life_rd, cfg_rd));
     pvisor_worker::launch::send_config(cfg_wr, &cfg).unwrap();
-    let channel = connect(&sock).await;
+    let channel = pvisor_worker::launch::connect_unix(&sock).await.unwrap();
     Worker { child, channel, cgroup, _lifeline: life_wr, _dir: dir }
 }
 

@@ -7,13 +7,12 @@ use super::{SandboxEntry, State};
 use crate::api::error::ApiError;
 use crate::server::Ctx;
 use axum::http::StatusCode;
-use hyper_util::rt::TokioIo;
 use pvisor_proto::worker::worker_client::WorkerClient;
 use pvisor_worker::config::{Limits, WorkerConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// How long a worker may take to report its sandbox ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -23,17 +22,6 @@ pub struct LaunchSpec {
     pub image_root: PathBuf,
     pub limits: Limits,
     pub agent_config: serde_json::Value,
-}
-
-/// Opens a gRPC channel to a worker's Unix socket.
-pub async fn connect_unix(path: &Path) -> Result<Channel, tonic::transport::Error> {
-    let path = path.to_path_buf();
-    Endpoint::from_static("http://worker")
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-        }))
-        .await
 }
 
 fn start_failed(msg: impl Into<String>) -> ApiError {
@@ -94,7 +82,7 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
 }
 
 async fn wait_ready(socket: &Path) -> Result<Channel, String> {
-    let channel = connect_unix(socket).await.map_err(|e| format!("connect to worker: {e}"))?;
+    let channel = pvisor_worker::launch::connect_unix(socket).await.map_err(|e| format!("connect to worker: {e}"))?;
     let mut client = WorkerClient::new(channel.clone());
     match tokio::time::timeout(READY_TIMEOUT, client.ready(pvisor_proto::worker::Empty {})).await {
         Ok(Ok(_)) => Ok(channel),
