@@ -234,10 +234,12 @@ async fn shutdown_signal() {
 
 pub async fn serve(o: ServeOptions) -> Result<(), String> {
     let ctx = Arc::new(build_ctx(o)?);
+    // Warm workers first: the first request after a restart should not pay
+    // for starting one.
+    Pool::fill_now(&ctx).await;
     let listener =
         tokio::net::TcpListener::bind(ctx.listen).await.map_err(|e| format!("listen on {}: {e}", ctx.listen))?;
     expiry::spawn(ctx.clone());
-    Pool::refill(ctx.clone());
     tracing::info!(
         listen = %ctx.listen,
         data_dir = %ctx.data_dir.display(),

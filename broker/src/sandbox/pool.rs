@@ -131,21 +131,28 @@ impl Pool {
         });
     }
 
+    /// Fills the stock now (service start-up, before the first request).
+    pub async fn fill_now(ctx: &Arc<Ctx>) {
+        if ctx.pool.refilling.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let c = ctx.clone();
+        let _ = tokio::task::spawn_blocking(move || Self::fill(&c)).await;
+    }
+
+    /// Spawns workers until the stock is full; runs on a blocking thread
+    /// (cgroup set-up is synchronous) and clears the `refilling` flag.
     fn fill(ctx: &Arc<Ctx>) {
-        {
-            let handle = tokio::runtime::Handle::current();
-            let _guard = handle.enter();
-            while ctx.pool.idle().len() < ctx.pool.want {
-                match WarmWorker::spawn(ctx) {
-                    Ok(w) => ctx.pool.idle().push_back(w),
-                    Err(e) => {
-                        tracing::warn!("warm worker: {e}");
-                        break;
-                    }
+        while ctx.pool.idle().len() < ctx.pool.want {
+            match WarmWorker::spawn(ctx) {
+                Ok(w) => ctx.pool.idle().push_back(w),
+                Err(e) => {
+                    tracing::warn!("warm worker: {e}");
+                    break;
                 }
             }
-            ctx.pool.refilling.store(false, Ordering::SeqCst);
         }
+        ctx.pool.refilling.store(false, Ordering::SeqCst);
     }
 
     /// Ends every idle worker (service shutdown).
