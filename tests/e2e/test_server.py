@@ -5,14 +5,18 @@ it must not start fine and then fail every sandbox create."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import time
 import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
 from opensandbox.sync import SandboxSync
 
-from conftest import PvisorServer, _make_conn, import_images, make_data_dir, pvisor_bin
+from conftest import PvisorServer, _make_conn, free_port, import_images, make_data_dir, pvisor_bin
 from e2e_util import BUSYBOX, PS, SMALL, run, sh
 
 
@@ -93,3 +97,34 @@ def test_second_instance_leaves_the_first_alone(sandbox, pvisor_server, base_url
     assert "sleep 7777" in sh(sb, PS)
     fresh = sandbox(BUSYBOX)
     assert sh(fresh, "echo new-ok") == "new-ok"
+
+
+def test_listening_beyond_loopback_needs_an_api_key(tmp_path):
+    """Without PVISOR_API_KEY, a non-loopback listen address is refused at
+    start-up with a message that says what to do; with a key it starts."""
+    binary = pvisor_bin()
+    data = make_data_dir("pvisor-wild")
+    env = {k: v for k, v in os.environ.items() if k != "PVISOR_API_KEY"}
+    port = free_port()
+    r = subprocess.run([str(binary), "serve", "--listen", f"0.0.0.0:{port}", "--data-dir", str(data)],
+                       env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert "PVISOR_API_KEY" in r.stderr and "0.0.0.0" in r.stderr, r.stderr
+    env["PVISOR_API_KEY"] = "k"
+    p = subprocess.Popen([str(binary), "serve", "--listen", f"0.0.0.0:{port}", "--data-dir", str(data)],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert p.poll() is None, p.stderr.read().decode()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/sandboxes", timeout=5).status_code == 401
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
