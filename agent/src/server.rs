@@ -19,6 +19,8 @@ pub async fn serve_fd(fd: RawFd, svc: AgentService) -> anyhow_like::Result<()> {
     // SAFETY: the backend passes `fd` as an open, connected stream socket that
     // nothing else in this process owns; we take ownership exactly once.
     let std = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+    // The control connection must never reach a sandbox process.
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
     std.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(std)?;
     let incoming = tokio_stream::once(Ok::<_, std::io::Error>(stream)).chain(tokio_stream::pending());

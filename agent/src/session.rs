@@ -20,6 +20,9 @@ struct Shell {
 
 pub struct Session {
     cwd: String,
+    /// Process group of the current shell, readable without the shell lock
+    /// (which a running command holds), so delete can always kill it.
+    pgid: std::sync::atomic::AtomicI32,
     shell: tokio::sync::Mutex<Option<Shell>>,
 }
 
@@ -58,7 +61,8 @@ async fn read_until_marker(
     let mut buf = Vec::new();
     loop {
         buf.clear();
-        match r.read_until(b'\n', &mut buf).await {
+        // Bounded: an endless line is split rather than buffered whole.
+        match tokio::io::AsyncReadExt::take(&mut *r, crate::lines::MAX_LINE as u64).read_until(b'\n', &mut buf).await {
             Ok(0) | Err(_) => return None,
             Ok(_) => {}
         }
@@ -85,7 +89,8 @@ impl Sessions {
         let cwd = if cwd.is_empty() { self.cfg.workdir().to_string() } else { cwd.to_string() };
         let shell = start_shell(&self.cfg, &cwd)?;
         let id = new_id();
-        let s = Arc::new(Session { cwd, shell: tokio::sync::Mutex::new(Some(shell)) });
+        let pgid = std::sync::atomic::AtomicI32::new(shell.pid);
+        let s = Arc::new(Session { cwd, pgid, shell: tokio::sync::Mutex::new(Some(shell)) });
         self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), s);
         Ok(id)
     }
@@ -111,9 +116,10 @@ impl Sessions {
             .unwrap_or_else(|e| e.into_inner())
             .remove(id)
             .ok_or_else(|| AgentError::NotFound(format!("session {id}")))?;
-        if let Some(sh) = s.shell.lock().await.take() {
-            kill_group_bg(sh.pid);
-        }
+        // Kill first, without the shell lock: a running command holds it and
+        // ends (releasing it) once its shell is gone.
+        crate::spawn::kill_group(s.pgid.load(std::sync::atomic::Ordering::SeqCst)).await;
+        s.shell.lock().await.take();
         Ok(())
     }
 
@@ -122,7 +128,9 @@ impl Sessions {
         let session = self.get(id)?;
         let mut guard = session.shell.lock().await;
         if guard.is_none() {
-            *guard = Some(start_shell(&self.cfg, &session.cwd)?);
+            let sh = start_shell(&self.cfg, &session.cwd)?;
+            session.pgid.store(sh.pid, std::sync::atomic::Ordering::SeqCst);
+            *guard = Some(sh);
         }
         let shell = guard.as_mut().expect("set above");
         let started = Instant::now();
@@ -142,7 +150,22 @@ impl Sessions {
             read_until_marker(stderr, &marker, &tx, exec_event::Kind::Stderr),
         );
         let limit = if timeout_ms > 0 { Duration::from_millis(timeout_ms) } else { Duration::MAX };
-        let (code, error, dead) = match tokio::time::timeout(limit, work).await {
+        let run = async {
+            tokio::select! {
+                r = tokio::time::timeout(limit, work) => Some(r),
+                // The client went away: the command dies with its stream.
+                _ = tx.closed() => None,
+            }
+        };
+        let outcome = match run.await {
+            Some(r) => r,
+            None => {
+                kill_group_bg(*pid);
+                *guard = None;
+                return Ok(());
+            }
+        };
+        let (code, error, dead) = match outcome {
             Ok((Some(code), Some(_))) => (code.parse().unwrap_or(-1), String::new(), false),
             Ok(_) => (-1, "session shell exited".to_string(), true),
             Err(_) => {

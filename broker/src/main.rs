@@ -88,8 +88,9 @@ enum ImageCmd {
 }
 
 fn store(data_dir: Option<PathBuf>) -> Result<pvisor_images::ImageStore, String> {
-    let dir = data_dir.unwrap_or_else(server::default_data_dir).join("images");
-    pvisor_images::ImageStore::open(&dir).map_err(|e| e.to_string())
+    let data = data_dir.unwrap_or_else(server::default_data_dir);
+    server::secure_dirs(&[&data, &data.join("images")])?;
+    pvisor_images::ImageStore::open(&data.join("images")).map_err(|e| e.to_string())
 }
 
 async fn run(cli: Cli) -> Result<i32, String> {

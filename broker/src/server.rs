@@ -9,6 +9,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// How long open streams may delay a shutdown.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Everything the handlers share.
 pub struct Ctx {
     pub listen: SocketAddr,
@@ -107,6 +110,20 @@ fn run_dir(data_dir: &Path) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// Makes `dirs` private (0700). Image trees and sandbox layers hold files
+/// owned by the sandboxes' mapped ids, setuid ones included: no other host
+/// user may reach them. Sandboxes themselves never traverse these paths
+/// (their init opens the layers before it changes identity).
+pub fn secure_dirs(dirs: &[&Path]) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    for d in dirs {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    Ok(())
+}
+
 fn clean_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for e in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
@@ -171,6 +188,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
     clean_dir(&run_dir)?;
     clean_dir(&sandboxes_dir)?;
     let images = ImageStore::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
+    secure_dirs(&[&o.data_dir, &o.data_dir.join("images"), &sandboxes_dir, &run_dir])?;
     let cgroup_prefix = cgroup_prefix(&o.data_dir);
     let cgroups = match Layout::detect() {
         Ok(l) => {
@@ -256,7 +274,21 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
             tracing::debug!("TCP_NODELAY: {e}");
         }
     });
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await.map_err(|e| e.to_string())?;
+    // Open streams (SSE, metrics/watch) would hold a graceful shutdown
+    // forever: give them a few seconds, then tear down regardless.
+    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+    let signalled = stop.clone();
+    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        signalled.notify_one();
+    });
+    tokio::select! {
+        r = serve => r.map_err(|e| e.to_string())?,
+        _ = async {
+            stop.notified().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::warn!("streams still open after {:?}; stopping anyway", SHUTDOWN_GRACE),
+    }
     for e in ctx.registry.list() {
         if let Some(e) = ctx.registry.remove(&e.id) {
             teardown(&e).await;

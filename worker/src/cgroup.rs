@@ -91,8 +91,13 @@ impl Layout {
         let ms = mounts();
         if let Some(p) = &v2_path {
             for m in ms.iter().filter(|m| m.fstype == "cgroup2") {
-                let base = join_rel(&m.point, &m.root, p);
-                let ctrls = read(&m.point.join("cgroup.controllers")).unwrap_or_default();
+                let mut base = join_rel(&m.point, &m.root, p);
+                // A broker that moved itself into `pvisor-broker` (below) and
+                // restarted: its group is still the parent.
+                if base.file_name().is_some_and(|n| n == BROKER_LEAF) {
+                    base.pop();
+                }
+                let ctrls = read(&base.join("cgroup.controllers")).unwrap_or_default();
                 if ctrls.split_whitespace().any(|c| c == "memory") && base.is_dir() {
                     return Ok(Layout::V2 { base });
                 }
@@ -144,25 +149,48 @@ fn mkdir(dir: &Path) -> Result<()> {
     }
 }
 
-/// v2's "no internal processes" rule: controllers can only be handed to
-/// children of a group without processes. If the broker's own group has
-/// processes, the broker moves itself into a `pvisor-broker` child first.
-fn enable_v2_controllers(base: &Path) -> Result<()> {
-    let want = ["cpu", "memory", "pids"];
+/// Where a v2 broker moves itself when its own group must hand controllers
+/// to children.
+const BROKER_LEAF: &str = "pvisor-broker";
+
+/// Enables `controller` for the children of `base`.
+fn enable(base: &Path, controller: &str) -> std::io::Result<()> {
     let have = read(&base.join("cgroup.subtree_control")).unwrap_or_default();
-    if want.iter().all(|c| have.split_whitespace().any(|h| h == *c)) {
+    if have.split_whitespace().any(|h| h == controller) {
         return Ok(());
     }
-    let enable = want.iter().map(|c| format!("+{c}")).collect::<Vec<_>>().join(" ");
-    if write(&base.join("cgroup.subtree_control"), &enable).is_ok() {
-        return Ok(());
+    fs::write(base.join("cgroup.subtree_control"), format!("+{controller}"))
+}
+
+/// v2: hands memory (required), cpu and pids (where delegated) to the
+/// children of the broker's group. The "no internal processes" rule makes
+/// that fail with EBUSY while the group has processes; then, and only then,
+/// the broker moves itself (not other processes) into a `pvisor-broker`
+/// child and tries again.
+fn enable_v2_controllers(base: &Path) -> Result<()> {
+    let err = |c: &str, source| WorkerError::Cgroup {
+        path: format!("{}/cgroup.subtree_control (+{c})", base.display()),
+        source,
+    };
+    match enable(base, "memory") {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            let own = base.join(BROKER_LEAF);
+            mkdir(&own)?;
+            write(&own.join("cgroup.procs"), &std::process::id().to_string())?;
+            enable(base, "memory").map_err(|e| err("memory", e))?;
+        }
+        Err(e) => return Err(err("memory", e)),
     }
-    let own = base.join("pvisor-broker");
-    mkdir(&own)?;
-    for pid in read(&base.join("cgroup.procs")).unwrap_or_default().lines() {
-        let _ = write(&own.join("cgroup.procs"), pid);
+    for c in ["cpu", "pids"] {
+        if let Err(e) = enable(base, c) {
+            tracing::warn!(
+                "cgroup controller {c} not available under {}: {e}; its limit is not enforced",
+                base.display()
+            );
+        }
     }
-    write(&base.join("cgroup.subtree_control"), &enable)
+    Ok(())
 }
 
 /// The directories of one sandbox group, per hierarchy.

@@ -33,7 +33,7 @@ pub fn command(
         cmd.arg("--cgroup").arg(serde_json::to_string(g).map_err(std::io::Error::other)?);
     }
     cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
-    // SAFETY: runs in the forked child before exec; only fcntl/dup2 on fds
+    // SAFETY: runs in the forked child before exec; only fcntl/dup2/close_range/setsid on fds
     // that the parent keeps open until spawn returns.
     unsafe {
         cmd.pre_exec(move || {
@@ -48,6 +48,16 @@ pub fn command(
                 if libc::dup2(t, target) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+            }
+            // Nothing else of the broker's crosses over (fds it inherited
+            // from its own parent included).
+            if libc::syscall(libc::SYS_close_range, CONFIG_FD + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // A session of its own: no controlling terminal shared with the
+            // broker's operator.
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });

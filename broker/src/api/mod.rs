@@ -34,6 +34,9 @@ async fn version() -> axum::Json<serde_json::Value> {
     axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "name": "pvisor"}))
 }
 
+/// Largest buffered request body (JSON); uploads stream and have no limit.
+pub const MAX_BODY: usize = 16 << 20;
+
 pub fn router(ctx: Arc<Ctx>) -> Router {
     let data_plane = execd::dispatch_router(ctx.clone());
     let v1 = Router::new()
@@ -61,6 +64,6 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .merge(data_plane)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::disable())
+        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(ctx)
 }

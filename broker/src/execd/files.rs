@@ -60,12 +60,38 @@ fn file_list(files: &[FileInfo]) -> Json<Value> {
 }
 
 pub async fn info(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
-    let files = agent(&sb)?.stat(PathsRequest { paths: paths(&raw)? }).await?.into_inner().files;
+    let asked = paths(&raw)?;
+    let files = agent(&sb)?.stat(PathsRequest { paths: asked.clone() }).await?.into_inner().files;
+    // Keyed by the path as asked (the agent answers in order, normalized).
     let mut out = Map::new();
-    for f in &files {
-        out.insert(f.path.clone(), to_json(f));
+    for (p, f) in asked.iter().zip(&files) {
+        out.insert(p.clone(), to_json(f));
     }
     Ok(Json(Value::Object(out)))
+}
+
+/// Cancels the agent call if the handler is dropped mid-upload (the client
+/// went away): the agent then discards the partial file instead of
+/// committing it as if the stream had ended normally.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::ops::Deref for AbortOnDrop<T> {
+    type Target = tokio::task::JoinHandle<T>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for AbortOnDrop<T> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
 }
 
 /// Multipart upload: `metadata` and `file` parts in pairs, streamed to the
@@ -75,7 +101,7 @@ pub async fn upload(Extension(sb): Sandbox, mp: Result<Multipart, MultipartRejec
     let mut mp = mp.map_err(|e| ApiError::bad_request(format!("invalid multipart body: {e}")))?;
     let mut client = agent(&sb)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<UploadChunk>(8);
-    let call = tokio::spawn(async move { client.upload(ReceiverStream::new(rx)).await });
+    let mut call = AbortOnDrop(tokio::spawn(async move { client.upload(ReceiverStream::new(rx)).await }));
     let chunk = |kind| UploadChunk { kind: Some(kind) };
     let fed: ApiResult<bool> = async {
         let mut metas: VecDeque<UploadMeta> = VecDeque::new();
@@ -118,12 +144,12 @@ pub async fn upload(Extension(sb): Sandbox, mp: Result<Multipart, MultipartRejec
     .await;
     match fed {
         Err(e) => {
-            call.abort();
+            call.0.abort();
             Err(e)
         }
         Ok(_) => {
             drop(tx);
-            match call.await {
+            match (&mut *call).await {
                 Ok(Ok(_)) => Ok(StatusCode::OK),
                 Ok(Err(s)) => Err(s.into()),
                 Err(e) => Err(ApiError::internal(e.to_string())),

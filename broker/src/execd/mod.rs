@@ -63,7 +63,7 @@ fn execd_router() -> Router {
         .route("/session/{sid}/run", post(session::run))
         .route("/session/{sid}", delete(session::delete))
         .route("/files/info", get(files::info))
-        .route("/files/upload", post(files::upload))
+        .route("/files/upload", post(files::upload).layer(axum::extract::DefaultBodyLimit::disable()))
         .route("/files/download", get(files::download))
         .route("/files", delete(files::remove))
         .route("/files/mv", post(files::rename))

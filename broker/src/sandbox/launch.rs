@@ -14,8 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::Channel;
 
-/// How long a worker may take to report its sandbox ready.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a worker may take to report its sandbox ready: below the SDK's
+/// 30 s request timeout, so a slow start fails (and is cleaned up) before
+/// the client gives up on a create it would never learn the id of.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
 pub struct LaunchSpec {
     pub id: String,
@@ -31,7 +33,11 @@ fn start_failed(msg: impl Into<String>) -> ApiError {
 /// Starts the sandbox on a warm worker; returns the live runtime and the
 /// worker process.
 pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio::process::Child), ApiError> {
-    let w = ctx.pool.take(ctx).map_err(start_failed)?;
+    let c = ctx.clone();
+    let w = tokio::task::spawn_blocking(move || c.pool.take(&c))
+        .await
+        .map_err(|e| start_failed(e.to_string()))?
+        .map_err(start_failed)?;
     let state_dir = ctx.sandboxes_dir.join(&spec.id);
     let WarmWorker { mut child, socket, log, lifeline, config, cgroup } = w;
     let prepared = (|| -> Result<(), String> {
@@ -63,7 +69,8 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
     match ready {
         Ok(channel) => {
             let worker_pid = child.id().unwrap_or(0);
-            Ok((Runtime { channel, worker_pid, cgroup, state_dir, socket, log, lifeline }, child))
+            let worker_pidfd = super::teardown::pidfd_open(worker_pid);
+            Ok((Runtime { channel, worker_pid, worker_pidfd, cgroup, state_dir, socket, log, lifeline }, child))
         }
         Err(msg) => {
             let _ = child.start_kill();

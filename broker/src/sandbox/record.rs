@@ -45,6 +45,8 @@ pub struct Status {
 pub struct Runtime {
     pub channel: Channel,
     pub worker_pid: u32,
+    /// A pidfd of the worker: signals through it can never hit a recycled pid.
+    pub worker_pidfd: Option<OwnedFd>,
     pub cgroup: Option<GroupPaths>,
     pub state_dir: PathBuf,
     pub socket: PathBuf,

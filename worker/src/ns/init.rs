@@ -60,7 +60,6 @@ pub fn child_main(a: &InitArgs) -> isize {
 }
 
 fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
-    // Die with the worker, whatever happens to it.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(|e| format!("pdeathsig: {e}"))?;
     // Open the layers while still holding the worker's host identity (the
     // sandbox's root may not be able to traverse the data directory's
@@ -85,6 +84,12 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     let _ = nix::unistd::setgroups(&[]);
     nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
         .map_err(|e| format!("setresuid: {e}"))?;
+    // Die with the worker: armed again after the id change, which clears it
+    // (our parent is outside our pid namespace, so getppid() cannot tell
+    // whether it went in between; the broker's cgroup sweep covers that).
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(|e| format!("pdeathsig: {e}"))?;
+    // A session of its own: no controlling terminal shared with the host.
+    nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
     // The worker has moved us into the sandbox leaf: root the cgroup namespace there.
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).map_err(|e| format!("cgroup namespace: {e}"))?;
     let fd_path = |fd: &OwnedFd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
@@ -93,6 +98,12 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     sethostname(&a.hostname).map_err(|e| format!("sethostname: {e}"))?;
     net::loopback_up().map_err(|e| format!("loopback: {e}"))?;
     nix::unistd::dup2(a.agent_sock.as_raw_fd(), AGENT_FD).map_err(|e| format!("dup2: {e}"))?;
+    // Nothing but fds 0-3 crosses into the sandbox (the agent's own exe fd is
+    // still needed by fexecve, so mark rather than close).
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our fds.
+    if unsafe { libc::syscall(libc::SYS_close_range, AGENT_FD + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } != 0 {
+        return Err(format!("close_range: {}", std::io::Error::last_os_error()));
+    }
     drop_capabilities()?;
     let filter = pvisor_seccomp::sandbox_filter().map_err(|e| format!("seccomp: {e}"))?;
     pvisor_seccomp::apply_to_thread(&filter).map_err(|e| format!("seccomp: {e}"))?;

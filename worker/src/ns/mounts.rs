@@ -26,6 +26,19 @@ fn m(src: Option<&str>, target: &Path, fstype: Option<&str>, flags: MsFlags, dat
         .map_err(|e| format!("mount {} on {}: {e}", fstype.or(src).unwrap_or("?"), target.display()))
 }
 
+/// Makes `p` (a direct child of the new root) a real directory: the image
+/// decides what is there, and before pivot_root a symlink would lead the
+/// mount — or a `mkdir -p` — to the host's side.
+fn mountpoint(p: &Path) -> Result<(), String> {
+    match fs::symlink_metadata(p) {
+        Ok(md) if md.is_dir() => return Ok(()),
+        Ok(_) => fs::remove_file(p).map_err(|e| format!("replace {}: {e}", p.display()))?,
+        Err(_) => {}
+    }
+    fs::create_dir(p).map_err(|e| format!("mkdir {}: {e}", p.display()))
+}
+
+/// A directory inside a tmpfs this function just mounted (no image content).
 fn mkdir(p: &Path) -> Result<(), String> {
     fs::create_dir_all(p).map_err(|e| format!("mkdir {}: {e}", p.display()))
 }
@@ -40,11 +53,11 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
         .or_else(|_| m(Some("overlay"), r, Some("overlay"), MsFlags::empty(), Some(&ovl)))?;
     let nsd = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
 
-    mkdir(&r.join("proc"))?;
+    mountpoint(&r.join("proc"))?;
     m(Some("proc"), &r.join("proc"), Some("proc"), nsd | MsFlags::MS_NOEXEC, None)?;
 
     let dev = r.join("dev");
-    mkdir(&dev)?;
+    mountpoint(&dev)?;
     m(Some("tmpfs"), &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=1024k"))?;
     for d in DEVICES {
         let node = dev.join(d);
@@ -74,24 +87,24 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
         let _ = symlink(target, dev.join(name));
     }
 
-    mkdir(&r.join("tmp"))?;
+    mountpoint(&r.join("tmp"))?;
     m(Some("tmpfs"), &r.join("tmp"), Some("tmpfs"), nsd, Some("mode=1777"))?;
     // Read-only sysfs is a convenience for tools; a host that refuses it is fine.
-    if mkdir(&r.join("sys")).is_ok() {
+    if mountpoint(&r.join("sys")).is_ok() {
         let _ = m(Some("sysfs"), &r.join("sys"), Some("sysfs"), nsd | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY, None);
     }
-    let etc = r.join("etc");
-    if etc.is_dir() {
-        let _ = fs::write(etc.join("hostname"), format!("{}\n", s.hostname));
-        let _ = fs::write(
-            etc.join("hosts"),
-            format!("127.0.0.1\tlocalhost {0}\n::1\tlocalhost ip6-localhost {0}\n", s.hostname),
-        );
-    }
-
     std::env::set_current_dir(r).map_err(|e| format!("chdir {}: {e}", r.display()))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
+    // Only now, with the sandbox as `/`: the image controls /etc, and a
+    // symlink there must resolve inside the sandbox, never on the host.
+    if Path::new("/etc").is_dir() {
+        let _ = fs::write("/etc/hostname", format!("{}\n", s.hostname));
+        let _ = fs::write(
+            "/etc/hosts",
+            format!("127.0.0.1\tlocalhost {0}\n::1\tlocalhost ip6-localhost {0}\n", s.hostname),
+        );
+    }
     Ok(())
 }
