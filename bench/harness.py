@@ -1,183 +1,210 @@
-"""pvisor benchmark harness.
+"""pvisor benchmark harness: pvisor against the official OpenSandbox server on
+Docker (the peer), driven by the same unmodified OpenSandbox SDK.
 
-Experiments are subcommands. Today: `startup` (SDK create and create → first
-checked command), against pvisor. The OpenSandbox-on-Docker peer is added by
-the benchmark-harness issue; `--pvisor-only` is the CI smoke mode.
+Experiments are subcommands (bench/README.md explains each):
+  startup   SDK create and create → first checked command (restart and steady)
+  burst     ten creates released by one barrier
+  disk      allocated bytes of the image inventory
+  memory    cgroup-charged memory of each whole side, by phase
+  all       the four, one after the other, plus summary.md
+
+`startup --pvisor-only` is the CI smoke mode (no Docker, a few seconds).
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
-import platform
-import random
-import socket
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from datetime import timedelta
 from pathlib import Path
 
-import httpx
-from opensandbox import SandboxSync
-from opensandbox.config import ConnectionConfigSync
-from opensandbox.exceptions import SandboxApiException
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-REPO = Path(__file__).resolve().parent.parent
-IMAGES = Path(os.environ.get("PVISOR_TEST_IMAGES", "/var/cache/pvisor/test-images"))
-PVISOR = Path(os.environ.get("PVISOR_BIN", REPO / "target/dist/pvisor"))
+from lib import common  # noqa: E402
+from lib.common import IMAGE_FILES, REPO, environment, log  # noqa: E402
+
+EXPERIMENTS = ("startup", "burst", "disk", "memory")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def module(name: str):
+    import importlib
+    return importlib.import_module(f"experiments.{name}")
 
 
-class PvisorService:
-    """A `pvisor serve` on a private data dir, with the test images imported."""
-
-    name = "pvisor"
-
-    def __init__(self, workdir: Path, image_file: str):
-        self.data = workdir / "pvisor-data"
-        self.log = workdir / "pvisor.log"
-        subprocess.run([PVISOR, "image", "import", IMAGES / image_file, "--data-dir", self.data],
-                       check=True, stdout=subprocess.DEVNULL)
-        self.proc = None
-        self.port = free_port()
-
-    def start(self) -> None:
-        # One transport per service start, shared by every SDK call (the SDK's
-        # own reuse mechanism; without it each create builds a TLS context,
-        # ~33 ms of client CPU here). Built before any timed region.
-        self.conn = ConnectionConfigSync(domain=f"127.0.0.1:{self.port}").with_transport_if_missing()
-        self.proc = subprocess.Popen([PVISOR, "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data],
-                                     stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.02)
-        raise RuntimeError(f"pvisor did not start; see {self.log}")
-
-    def stop(self) -> None:
-        if self.proc:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-            self.proc = None
-
-    def connection(self) -> ConnectionConfigSync:
-        return self.conn
+def peer_env() -> dict:
+    from lib.common import out
+    from lib.peer import PEER_VENV, SERVER_VERSION
+    return {"opensandbox_server": SERVER_VERSION, "peer_venv": str(PEER_VENV),
+            "dockerd": out(["dockerd", "--version"]), "containerd": out(["containerd", "--version"]),
+            "runc": (out(["runc", "--version"]).splitlines() or [""])[0], "go": out(["go", "version"])}
 
 
-def checked_first_command(sb: SandboxSync) -> None:
-    """The first command: a private file must be absent, a unique token must
-    round-trip through a file, exit 0 with exact output."""
-    token = uuid.uuid4().hex
-    ex = sb.commands.run(f"test ! -e /tmp/private-{token} && echo {token} > /tmp/t && cat /tmp/t")
-    out = "".join(m.text for m in ex.logs.stdout)
-    if ex.exit_code != 0 or out != token:
-        raise AssertionError(f"checked command failed: exit={ex.exit_code} out={out!r}")
-
-
-def verify_deleted(svc, sandbox_id: str) -> None:
-    r = httpx.get(f"http://127.0.0.1:{svc.port}/v1/sandboxes/{sandbox_id}", timeout=10)
-    if r.status_code != 404:
-        raise AssertionError(f"sandbox {sandbox_id} still answers {r.status_code} after delete")
-
-
-def one_sample(svc, image: str) -> dict:
-    t0 = time.perf_counter()
-    sb = SandboxSync.create(image, connection_config=svc.connection(), timeout=timedelta(minutes=5),
-                            resource={"cpu": "1", "memory": "512Mi"})
-    t1 = time.perf_counter()
-    checked_first_command(sb)
-    t2 = time.perf_counter()
-    sb.kill()
-    verify_deleted(svc, sb.id)
-    return {"create_ms": (t1 - t0) * 1e3, "first_command_ms": (t2 - t0) * 1e3, "additional_wait_ms": (t2 - t1) * 1e3}
-
-
-def p50(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def sha256_file(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else ""
-
-
-def environment() -> dict:
-    dist = PVISOR.parent
-    return {
-        "host": platform.node(),
-        "kernel": platform.release(),
-        "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
-        "nproc": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "binaries": {b: sha256_file(dist / b) for b in ("pvisor", "pvisor-worker", "pvisor-agent")},
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def startup(args) -> int:
-    rng = random.Random(args.seed)
+def run_one(name: str, args) -> dict:
+    mod = module(name)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="pvisor-bench-"))
-    svc = PvisorService(work, args.image_file)
-    results = {"experiment": "startup", "seed": args.seed, "image": args.image, "env": environment(),
-               "note": ("pvisor only; " if args.pvisor_only else "") + "SDK ConnectionConfigSync with one shared transport per service start", "scenarios": {}}
-    try:
-        for scenario in ("first_after_restart", "steady"):
-            samples = []
-            svc.start()
-            if scenario == "steady":
-                for _ in range(args.warmup):
-                    one_sample(svc, args.image)
-            for i in range(args.pairs):
-                if scenario == "first_after_restart" and i > 0:
-                    svc.stop()
-                    svc.start()
-                time.sleep(rng.uniform(0, 0.05))
-                s = one_sample(svc, args.image)
-                s["index"] = i
-                samples.append(s)
-            svc.stop()
-            summary = {k: p50([s[k] for s in samples]) for k in ("create_ms", "first_command_ms", "additional_wait_ms")}
-            results["scenarios"][scenario] = {"samples": samples, "p50": summary}
-    finally:
-        svc.stop()
-    (out / "startup.json").write_text(json.dumps(results, indent=2))
-    lines = ["| scenario | side | create P50 (ms) | create → first command P50 (ms) | additional wait P50 (ms) | n |",
-             "|---|---|---:|---:|---:|---:|"]
-    for name, sc in results["scenarios"].items():
-        p = sc["p50"]
-        lines.append(f"| {name} | pvisor | {p['create_ms']:.1f} | {p['first_command_ms']:.1f} | {p['additional_wait_ms']:.1f} | {len(sc['samples'])} |")
-    (out / "startup.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    t0 = time.time()
+    load0 = open("/proc/loadavg").read().split()[:3]
+    log(f"== {name}")
+    res = mod.run(args)
+    res["env"] = environment({"loadavg_at_start": load0, "loadavg_at_end": open("/proc/loadavg").read().split()[:3],
+                              "duration_s": round(time.time() - t0, 1),
+                              **({} if getattr(args, "pvisor_only", False) else {"peer": peer_env()})})
+    res["argv"] = sys.argv[1:]
+    if not getattr(args, "pvisor_only", False):
+        from lib.peer import STANDIN_NOTE
+        res["peer_substitution"] = STANDIN_NOTE
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    print(render(name, res, out))
+    return res
+
+
+def render(name: str, res: dict, out: Path) -> str:
+    """NAME.md and the plots, from a result (fresh, or reloaded by `report`)."""
+    pvisor_only = "peer_substitution" not in res
+    md = module(name).report(res, out)
+    if not pvisor_only:
+        md += "\n" + targets_md(name, res)
+    md = header(name, res, pvisor_only) + md
+    (out / f"{name}.md").write_text(md)
+    return md
+
+
+def pvisor_failed(res: dict) -> int:
+    """Failed pvisor samples in a result (peer failures are reported, not fatal)."""
+    n = 0
+    for sc in res.get("scenarios", {}).values():
+        n += sum(1 for r in sc["samples"].get("pvisor", []) if not r["ok"])
+    n += sum(1 for b in (res.get("bursts") or {}).get("pvisor", []) if not b["ok"])
+    n += sum(1 for r in res.get("results", {}).get("pvisor", []) if not r["ok"])
+    return n
+
+
+def header(name: str, res: dict, pvisor_only: bool) -> str:
+    env = res["env"]
+    lines = [f"# pvisor benchmark: {name}", "",
+             f"Run {env['time_utc']} on {env['os']}, kernel {env['kernel']}, {env['nproc']} × {env['cpu']}, "
+             f"{env['mem_total_kib'] // 1024} MiB RAM; load average at start {' '.join(env['loadavg_at_start'])}, "
+             f"at end {' '.join(env['loadavg_at_end'])}; git {env['git_head'][:12]}"
+             f"{' (dirty tree)' if env['git_dirty'] else ''}; seed {res.get('seed')}.", ""]
+    if pvisor_only:
+        lines += ["pvisor only (smoke mode); no peer.", ""]
+    else:
+        pe = env.get("peer", {})
+        if name == "disk":
+            lines += [f"Peer: {pe.get('dockerd')} ({pe.get('containerd')}), overlay2; dockerd alone (no server, "
+                      "no networking) for the image store.", ""]
+        else:
+            lines += [f"Peer: opensandbox-server {pe.get('opensandbox_server')} on {pe.get('dockerd')} "
+                      f"({pe.get('containerd')}, runc {pe.get('runc')}), overlay2, bridge networking, "
+                      "ports published on 127.0.0.1.", ""]
+        if name != "disk":
+            lines += [f"**Substitution:** {res['peer_substitution']}", ""]
+    if name != "disk":
+        lines += [f"Both sides driven by the unmodified OpenSandbox Python SDK {env['opensandbox_sdk']}, one shared "
+                  "SDK transport per service start; SDK telemetry "
+                  + ("on." if env.get("sdk_metrics") else "off on both sides (`disable_metrics`)."), ""]
+    return "\n".join(lines) + "\n"
+
+
+def targets_md(name: str, res: dict) -> str:
+    rows = module(name).targets(res) if hasattr(module(name), "targets") else []
+    if not rows:
+        return ""
+    return "\n".join(["#### Targets (ratio pvisor / peer, same run)", "",
+                      "| target | measured | limit | verdict |", "|---|---:|---:|---|", *rows, ""]) + "\n"
+
+
+def run_all(args) -> int:
+    out = Path(args.out)
+    results = {}
+    for name in EXPERIMENTS:
+        a = argparse.Namespace(**vars(args))
+        try:
+            results[name] = run_one(name, a)
+        except Exception as e:
+            log(f"{name} FAILED: {type(e).__name__}: {e}")
+            results[name] = None
+            import traceback
+            traceback.print_exc()
+    write_summary(out, results)
+    ok = all(r is not None and not pvisor_failed(r) for r in results.values())
+    return 0 if ok else 1
+
+
+def rereport(args) -> int:
+    """Re-render NAME.md, the plots and summary.md from the JSON files in a results dir."""
+    out = Path(args.dir)
+    results = {}
+    for name in EXPERIMENTS:
+        f = out / f"{name}.json"
+        if not f.exists():
+            continue
+        res = json.loads(f.read_text())
+        mod = module(name)
+        if hasattr(mod, "resummarize"):
+            mod.resummarize(res)
+            f.write_text(json.dumps(res, indent=1, default=str) + "\n")
+        render(name, res, out)
+        results[name] = res
+    if len(results) > 1:
+        write_summary(out, results)
+    log(f"re-rendered {', '.join(results)} in {out}")
     return 0
 
 
+def write_summary(out: Path, results: dict) -> None:
+    lines = ["# pvisor benchmark: summary", ""]
+    rows = []
+    for name, res in results.items():
+        if res is not None and hasattr(module(name), "targets"):
+            rows += module(name).targets(res)
+    lines += ["| target | measured | limit | verdict |", "|---|---:|---:|---|", *rows, "",
+              "Details: " + ", ".join(f"[{n}]({n}.md)" for n, r in results.items() if r is not None), ""]
+    (out / "summary.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="bench/run")
+    ap = argparse.ArgumentParser(prog="bench/run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="experiment", required=True)
-    s = sub.add_parser("startup", help="SDK create and create → first checked command")
-    s.add_argument("--pairs", type=int, default=20)
-    s.add_argument("--warmup", type=int, default=3)
-    s.add_argument("--seed", type=int, default=20261130)
-    s.add_argument("--image", default="python:3.11-slim")
-    s.add_argument("--image-file", default="python-3.11-slim.tar")
-    s.add_argument("--pvisor-only", action="store_true", help="smoke mode: no peer")
-    s.add_argument("--out", default=str(REPO / "bench/out"))
+
+    def common_args(p):
+        p.add_argument("--seed", type=int, default=20261130)
+        p.add_argument("--out", default=str(REPO / "bench/out"))
+        p.add_argument("--workdir", default="/var/tmp", help="where the per-run work dir is created")
+        p.add_argument("--keep-workdir", action="store_true")
+        p.add_argument("--image", default="python:3.11-slim", help="sandbox image (startup, burst, memory)")
+        p.add_argument("--image-file", default=None, help=argparse.SUPPRESS)  # accepted for compatibility
+        p.add_argument("--sdk-metrics", action="store_true",
+                       help="leave the SDK's per-create telemetry POST on (off by default, on both sides)")
+
+    for name in EXPERIMENTS:
+        p = sub.add_parser(name, help=module(name).__doc__.strip().splitlines()[0])
+        common_args(p)
+        p.add_argument("--pvisor-only", action="store_true", help="no peer (smoke mode)")
+        module(name).add_args(p)
+    p = sub.add_parser("all", help="every experiment, then summary.md")
+    common_args(p)
+    p.add_argument("--pvisor-only", action="store_true")
+    for name in EXPERIMENTS:
+        module(name).add_args(p)
+    p = sub.add_parser("report", help="re-render the Markdown and plots of a results dir from its JSON")
+    p.add_argument("dir")
     args = ap.parse_args()
-    return {"startup": startup}[args.experiment](args)
+    if args.experiment == "report":
+        return rereport(args)
+    common.SDK_METRICS = args.sdk_metrics
+    if getattr(args, "image", None) and args.image not in IMAGE_FILES:
+        ap.error(f"--image must be one of {', '.join(IMAGE_FILES)}")
+    if args.experiment == "all":
+        return run_all(args)
+    res = run_one(args.experiment, args)
+    bad = pvisor_failed(res)
+    if bad:
+        log(f"{bad} pvisor sample(s) failed")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -125,8 +125,7 @@ def remove_stray(name: str) -> None:
         return
     own = own_cgroups()
     for c, path in own.items():
-        if not c or c.startswith("name="):
-            continue
-        d = ROOT / c / path.lstrip("/") / name
+        mount = "unified" if not c else c.removeprefix("name=")
+        d = ROOT / mount / path.lstrip("/") / name
         if d.is_dir():
             ProductCgroup._remove_dir(d)

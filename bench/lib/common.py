@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -34,6 +35,28 @@ IMAGE_FILES = {
 RESOURCE = {"cpu": "1", "memory": "512Mi"}
 
 SDK_METRICS = False  # set by the CLI (--sdk-metrics)
+
+
+class _RetryLog(logging.Handler):
+    """Records the SDK transport's own retries ("retrying GET ...: attempt=2 ..."),
+    so every sample can report them: they happen inside the SDK (e.g. while it
+    polls /ping for readiness), not in the harness, which never retries."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.events: list[str] = []
+
+    def emit(self, record):
+        self.events.append(record.getMessage())
+
+
+SDK_RETRIES = _RetryLog()
+logging.getLogger("opensandbox.transport").addHandler(SDK_RETRIES)
+logging.getLogger("opensandbox.transport").propagate = False
+
+
+def retries_since(mark: int) -> list[str]:
+    return SDK_RETRIES.events[mark:]
 
 
 def log(*a) -> None:

@@ -18,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from .cgroups import remove_stray
 from .common import (BENCH, CACHE, IMAGE_FILES, IMAGES, connection, free_port, log, out, rm_tree, run,
                      sha256_file, wait_http)
 
@@ -26,6 +27,7 @@ PEER_VENV = CACHE / "peer-venv"
 DOCKER = "/usr/bin/docker"
 BRIDGE = "pvbench0"
 BRIDGE_CIDR = "10.213.77.1/24"
+BRIDGE_SUBNET = "10.213.77.0/24"
 CGROUP_PARENT = "pvbench-ctr"  # relative: containers land beneath dockerd's own cgroup
 EXECD_IMAGE_REPO = "pvbench/execd-standin"
 
@@ -129,7 +131,8 @@ class NetGuard:
                 rules = out(["iptables", "-t", table, "-S"]).splitlines()
                 for r in rules:
                     parts = r.split()
-                    if parts[:1] == ["-A"] and "DOCKER" in r and not parts[1].startswith("DOCKER"):
+                    ours = "DOCKER" in r or BRIDGE in r or BRIDGE_SUBNET in r
+                    if parts[:1] == ["-A"] and ours and not parts[1].startswith("DOCKER"):
                         subprocess.run(["iptables", "-t", table, "-D", *parts[1:]], check=False)
                 chains = [r.split()[1] for r in rules if r.startswith("-N DOCKER")]
                 for c in chains:
@@ -346,9 +349,25 @@ class PeerService:
             self.dockerd.stop()
         finally:
             self.net.restore()
+            remove_stray(CGROUP_PARENT)
 
     def connection(self):
         return self.conn
 
     def domain(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def diagnostics(self, sandbox_ids: list[str]) -> dict:
+        """State and log tail (execd's output) of the sandboxes' containers, for failure reports."""
+        res = {}
+        for sid in sandbox_ids:
+            cid = self.dockerd.docker("ps", "-aq", "--filter", f"name=sandbox-{sid}", capture=True)
+            if not cid:
+                res[sid] = "no container"
+                continue
+            state = self.dockerd.docker("inspect", "-f", "{{json .State}}", cid, capture=True)
+            logs = subprocess.run([DOCKER, "logs", "--tail", "40", cid], env=self.dockerd.env(),
+                                  capture_output=True, text=True)
+            top = self.dockerd.docker("top", cid, capture=True)
+            res[sid] = {"state": state, "logs": (logs.stdout + logs.stderr)[-4000:], "top": top}
+        return res
