@@ -148,3 +148,18 @@ def list_all_ids(http: httpx.Client) -> set[str]:
         if not body["pagination"]["hasNextPage"]:
             return ids
         page += 1
+
+
+def wait_healthy(port: int, proc, why: Callable[[], str], timeout: float = 30) -> None:
+    """Waits until the server on `port` answers /health; fails with `why()`
+    if its process `proc` exits first or the timeout passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, f"server exited: {why()}"
+        assert time.monotonic() < deadline, f"server did not come up: {why()}"
+        time.sleep(0.05)

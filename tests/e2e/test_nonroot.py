@@ -14,11 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from opensandbox.sync.sandbox import SandboxSync
 
 from conftest import _make_conn, free_port, images_dir, pvisor_bin
+from e2e_util import wait_healthy
 
 USER = "pvisor-e2e"
 V1_CONTROLLERS = ["cpu", "cpuacct", "pids", "freezer"]
@@ -96,16 +96,7 @@ def test_unprivileged_broker_serves_sandboxes(delegated, tmp_path):
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            assert time.monotonic() < deadline, "unprivileged server did not come up"
-            time.sleep(0.05)
+        wait_healthy(port, proc, lambda: (tmp_path / "server.log").read_text())
         assert Path(f"/proc/{proc.pid}/status").read_text().count(f"Uid:\t{pw.pw_uid}") == 1, "the broker runs as the user"
 
         sb = SandboxSync.create("busybox", connection_config=_make_conn(f"127.0.0.1:{port}"),

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 import tempfile
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 from opensandbox.sync import SandboxSync
 
 from conftest import PvisorServer, _make_conn, free_port, import_images, make_data_dir, pvisor_bin
-from e2e_util import BUSYBOX, PS, SMALL, run, sh
+from e2e_util import BUSYBOX, PS, SMALL, run, sh, wait_healthy
 
 
 def _serve_and_create(data_dir: Path, log_path: Path) -> None:
@@ -114,16 +113,7 @@ def test_listening_beyond_loopback_needs_an_api_key(tmp_path):
     p = subprocess.Popen([str(binary), "serve", "--listen", f"0.0.0.0:{port}", "--data-dir", str(data)],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert p.poll() is None, p.stderr.read().decode()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_healthy(port, p, lambda: p.stderr.read().decode() if p.poll() is not None else "")
         assert httpx.get(f"http://127.0.0.1:{port}/v1/sandboxes", timeout=5).status_code == 401
     finally:
         p.terminate()
