@@ -32,15 +32,25 @@ struct LogBuf {
     bytes: usize,
 }
 
+/// Output kept across all background commands; past it, a command that adds
+/// output drops its own oldest lines (the agent must not be the one that
+/// exhausts the sandbox's memory).
+const LOG_CAP_TOTAL: usize = 64 << 20;
+static RETAINED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 impl LogBuf {
     fn push(&mut self, line: String) {
-        self.bytes += line.len() + 1;
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = line.len() + 1;
+        self.bytes += n;
+        RETAINED.fetch_add(n, Relaxed);
         self.lines.push_back(line);
-        while self.bytes > LOG_CAP_BYTES {
+        while self.bytes > LOG_CAP_BYTES || (RETAINED.load(Relaxed) > LOG_CAP_TOTAL && self.lines.len() > 1) {
             let Some(old) = self.lines.pop_front() else {
                 break;
             };
             self.bytes -= old.len() + 1;
+            RETAINED.fetch_sub(old.len() + 1, Relaxed);
             self.first += 1;
         }
     }
@@ -54,6 +64,12 @@ impl LogBuf {
             text.push('\n');
         }
         (text, end)
+    }
+}
+
+impl Drop for LogBuf {
+    fn drop(&mut self) {
+        RETAINED.fetch_sub(self.bytes, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -260,4 +276,34 @@ async fn drive(entry: Arc<Entry>, sp: Spawned, sink: Option<EventTx>, timeout: O
         let _ = tx.send(Ok(event(exec_event::Kind::Exit(status)))).await;
     }
     tracing::debug!(id = %entry.id, code, background = entry.background, "command finished");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    #[test]
+    fn retained_output_is_capped_per_command_and_in_total() {
+        let line = "x".repeat(1 << 16);
+        let mut one = LogBuf::default();
+        for _ in 0..(LOG_CAP_BYTES / line.len()) * 2 {
+            one.push(line.clone());
+        }
+        assert!(one.bytes <= LOG_CAP_BYTES, "per-command cap");
+        assert!(one.first > 0, "oldest lines dropped, cursor kept");
+        let (_, end) = one.since(0);
+        assert_eq!(end, one.first + one.lines.len() as u64);
+
+        let mut many: Vec<LogBuf> = (0..(LOG_CAP_TOTAL / LOG_CAP_BYTES) + 4).map(|_| LogBuf::default()).collect();
+        for b in many.iter_mut() {
+            for _ in 0..LOG_CAP_BYTES / line.len() {
+                b.push(line.clone());
+            }
+        }
+        assert!(RETAINED.load(Relaxed) <= LOG_CAP_TOTAL + LOG_CAP_BYTES, "total cap (one command's slack)");
+        drop(many);
+        drop(one);
+        assert_eq!(RETAINED.load(Relaxed), 0, "dropped buffers release their bytes");
+    }
 }

@@ -291,13 +291,13 @@ async fn worker_call(ctx: &Ctx, id: &str, pause: bool) -> ApiResult<Arc<SandboxE
 
 pub async fn pause(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let e = worker_call(&ctx, &id, true).await?;
-    e.set_state(SbState::Paused, None, None);
+    e.transition_live(SbState::Paused);
     Ok(StatusCode::ACCEPTED)
 }
 
 pub async fn resume(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let e = worker_call(&ctx, &id, false).await?;
-    e.set_state(SbState::Running, None, None);
+    e.transition_live(SbState::Running);
     Ok(StatusCode::ACCEPTED)
 }
 

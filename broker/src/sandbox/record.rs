@@ -110,6 +110,20 @@ impl SandboxEntry {
         s.since = Utc::now();
     }
 
+    /// Moves between live states (pause/resume) unless the sandbox failed or
+    /// is being deleted meanwhile; returns whether it did.
+    pub fn transition_live(&self, to: State) -> bool {
+        let mut s = self.status();
+        if s.state == State::Failed || self.is_deleting() {
+            return false;
+        }
+        s.state = to;
+        s.reason = None;
+        s.message = None;
+        s.since = Utc::now();
+        true
+    }
+
     pub fn mark_deleting(&self) {
         self.deleting.store(true, Ordering::SeqCst);
     }
