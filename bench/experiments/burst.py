@@ -23,7 +23,7 @@ from opensandbox import Sandbox
 
 from lib.common import SDK_RETRIES, RESOURCE, async_connection, checked_first_command_async, log, retries_since
 from lib.sides import opened_sides, workdir
-from lib.stats import five, median, paired_bootstrap
+from lib.stats import summarize_sides
 
 METRICS = ("last_create_ms", "last_first_command_ms")
 
@@ -130,19 +130,7 @@ def run(args) -> dict:
 
 
 def summarize(bursts: dict, seed: int) -> dict:
-    out = {}
-    for n, bs in bursts.items():
-        ok = [b for b in bs if b["ok"]]
-        out[n] = {"n": len(bs), "failed": len(bs) - len(ok),
-                  "sdk_transport_retries": sum(len(b.get("sdk_transport_retries", [])) for b in bs),
-                  "median": {m: median([b[m] for b in ok]) for m in METRICS},
-                  "five": {m: five([b[m] for b in ok]) for m in METRICS}}
-    if "pvisor" in bursts and "peer" in bursts:
-        pairs = [(a, b) for a, b in zip(bursts["pvisor"], bursts["peer"]) if a["ok"] and b["ok"]]
-        out["paired"] = {m: paired_bootstrap([a[m] for a, _ in pairs], [b[m] for _, b in pairs], seed=seed)
-                         for m in METRICS}
-        out["paired"]["complete_pairs"] = len(pairs)
-    return out
+    return summarize_sides(bursts, METRICS, seed, center="median")
 
 
 LABELS = {"last_create_ms": "all creates returned", "last_first_command_ms": "all first commands done"}

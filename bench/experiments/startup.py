@@ -23,7 +23,7 @@ from opensandbox import SandboxSync
 
 from lib.common import SDK_RETRIES, RESOURCE, checked_first_command, log, retries_since, verify_deleted
 from lib.sides import opened_sides, workdir
-from lib.stats import five, median, paired_bootstrap
+from lib.stats import summarize_sides
 
 METRICS = ("create_ms", "first_command_ms", "additional_wait_ms")
 SCENARIOS = ("first_after_restart", "steady")
@@ -106,20 +106,7 @@ def run(args) -> dict:
 
 
 def summarize(samples: dict, seed: int) -> dict:
-    out = {}
-    for n, recs in samples.items():
-        ok = [r for r in recs if r["ok"]]
-        out[n] = {"n": len(recs), "failed": len(recs) - len(ok),
-                  "sdk_transport_retries": sum(len(r.get("sdk_transport_retries", [])) for r in recs),
-                  "p50": {m: median([r[m] for r in ok]) for m in METRICS},
-                  "five": {m: five([r[m] for r in ok]) for m in METRICS}}
-    if "peer" in samples and "pvisor" in samples:
-        pv, pe = samples["pvisor"], samples["peer"]
-        pairs = [(a, b) for a, b in zip(pv, pe) if a["ok"] and b["ok"]]
-        out["paired"] = {m: paired_bootstrap([a[m] for a, _ in pairs], [b[m] for _, b in pairs], seed=seed)
-                         for m in METRICS}
-        out["paired"]["complete_pairs"] = len(pairs)
-    return out
+    return summarize_sides(samples, METRICS, seed, center="p50")
 
 
 LABELS = {"create_ms": "SDK create", "first_command_ms": "create → first checked command",

@@ -63,3 +63,22 @@ def paired_bootstrap(a: list[float], b: list[float], n: int = 10000, seed: int =
             "ratio_a_over_b": _med(a) / _med(b) if _med(b) else float("inf"),
             "ci95_median_a": ci(ma), "ci95_median_b": ci(mb),
             "ci95_ratio_a_over_b": ci(ratio), "ci95_diff_b_minus_a": ci(diff)}
+
+
+def summarize_sides(samples: dict, metrics, seed: int, center: str) -> dict:
+    """Per side: counts, failures, SDK transport retries, the median of each
+    metric (stored under `center`) and its five-number summary; with both
+    sides, paired bootstrap CIs over the pairs where both samples succeeded."""
+    out = {}
+    for n, recs in samples.items():
+        ok = [r for r in recs if r["ok"]]
+        out[n] = {"n": len(recs), "failed": len(recs) - len(ok),
+                  "sdk_transport_retries": sum(len(r.get("sdk_transport_retries", [])) for r in recs),
+                  center: {m: median([r[m] for r in ok]) for m in metrics},
+                  "five": {m: five([r[m] for r in ok]) for m in metrics}}
+    if "pvisor" in samples and "peer" in samples:
+        pairs = [(a, b) for a, b in zip(samples["pvisor"], samples["peer"]) if a["ok"] and b["ok"]]
+        out["paired"] = {m: paired_bootstrap([a[m] for a, _ in pairs], [b[m] for _, b in pairs], seed=seed)
+                         for m in metrics}
+        out["paired"]["complete_pairs"] = len(pairs)
+    return out
