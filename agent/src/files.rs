@@ -29,11 +29,9 @@ pub fn check_path(p: &str) -> Result<PathBuf> {
         match c {
             Component::RootDir | Component::CurDir => {}
             Component::ParentDir => {
-                if !out.pop() || out.as_os_str().is_empty() {
+                // Popping "/" itself fails: that `..` would climb above the root.
+                if !out.pop() {
                     return Err(AgentError::InvalidArgument(format!("path {p:?} escapes the sandbox root")));
-                }
-                if out.as_os_str().is_empty() {
-                    out.push("/");
                 }
             }
             Component::Normal(n) => out.push(n),

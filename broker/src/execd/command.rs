@@ -6,6 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, RawQuery};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use chrono::{TimeZone, Utc};
 use pvisor_proto::agent::{CommandRef, ExecRequest, LogsRequest};
@@ -63,8 +64,6 @@ pub async fn run(Extension(sb): Sandbox, body: Bytes) -> ApiResult<Response> {
     let stream = agent(&sb)?.exec(req).await?.into_inner();
     Ok(sse::response(sse::exec_stream(stream, background)))
 }
-
-use axum::Extension;
 
 fn rfc3339_ms(ms: i64) -> Option<String> {
     Utc.timestamp_millis_opt(ms).single().map(|t| crate::sandbox::record::rfc3339(&t))

@@ -106,8 +106,8 @@ pub fn start(cfg: &WorkerConfig) -> Result<(i32, UnixStream)> {
     let release = || -> Result<()> {
         write_id_maps(pid, &cfg.ids)?;
         // No cgroup move: the child inherited the worker's `sandbox` leaf.
-        // Protect the agent from the OOM killer; its children reset to 0.
-        let _ = fs::write(format!("/proc/{pid}/oom_score_adj"), "-999");
+        // OOM score, nice and RLIMIT_MEMLOCK come from the worker
+        // (harden::protect_worker, before the clone).
         nix::unistd::write(&go_wr, b"1").map_err(|e| WorkerError::sys("release sandbox", e))?;
         Ok(())
     };
