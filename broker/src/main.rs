@@ -70,27 +70,48 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum ImageCmd {
-    /// Import docker-archive or OCI-layout tarballs into the local store.
+    /// Import docker-archive or OCI-layout tarballs into the local image pool.
     Import {
         #[arg(required = true)]
         files: Vec<PathBuf>,
-        #[arg(long, env = "PVISOR_DATA_DIR")]
-        data_dir: Option<PathBuf>,
+        #[command(flatten)]
+        pool: PoolArgs,
+        /// One JSON object per progress event on stdout.
+        #[arg(long)]
+        json: bool,
     },
     /// List images (asks the daemon).
     Ls(ServerArg),
-    /// Remove an image name from the local store.
+    /// Remove image names or ids from the pool, then collect garbage.
     Rm {
-        reference: String,
-        #[arg(long, env = "PVISOR_DATA_DIR")]
-        data_dir: Option<PathBuf>,
+        #[arg(required = true)]
+        references: Vec<String>,
+        #[command(flatten)]
+        pool: PoolArgs,
+        /// Leave unreferenced chunks for a later `pvisor image gc`.
+        #[arg(long)]
+        no_gc: bool,
+    },
+    /// Delete chunks no image references (safe while sandboxes run).
+    Gc {
+        #[command(flatten)]
+        pool: PoolArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Disk usage of the pool: allocated, logical, deduplicated and compressed sizes.
+    Du {
+        #[command(flatten)]
+        pool: PoolArgs,
+        #[arg(long)]
+        json: bool,
     },
 }
 
-fn store(data_dir: Option<PathBuf>) -> Result<pvisor_images::ImageStore, String> {
-    let data = data_dir.unwrap_or_else(server::default_data_dir);
-    server::secure_dirs(&[&data, &data.join("images")])?;
-    pvisor_images::ImageStore::open(&data.join("images")).map_err(|e| e.to_string())
+#[derive(clap::Args)]
+struct PoolArgs {
+    #[arg(long, env = "PVISOR_DATA_DIR")]
+    data_dir: Option<PathBuf>,
 }
 
 async fn run(cli: Cli) -> Result<i32, String> {
@@ -107,22 +128,15 @@ async fn run(cli: Cli) -> Result<i32, String> {
             })
             .await?;
         }
-        Cmd::Image { cmd: ImageCmd::Import { files, data_dir } } => {
-            let s = store(data_dir)?;
-            for f in files {
-                let t = std::time::Instant::now();
-                let imported = s.import(&f).map_err(|e| format!("{}: {e}", f.display()))?;
-                for i in imported {
-                    let names = if i.names.is_empty() { "<none>".to_string() } else { i.names.join(", ") };
-                    println!("imported {names} ({}) in {:.2} s", i.id, t.elapsed().as_secs_f64());
-                }
-            }
+        Cmd::Image { cmd: ImageCmd::Import { files, pool, json } } => {
+            cli::image::import(&cli::image::pool(pool.data_dir)?, &files, cli::image::Output::detect(json))?
         }
         Cmd::Image { cmd: ImageCmd::Ls(s) } => cli::image_ls(&cli::client::Client::new(&s.server)).await?,
-        Cmd::Image { cmd: ImageCmd::Rm { reference, data_dir } } => {
-            store(data_dir)?.remove(&reference).map_err(|e| e.to_string())?;
-            println!("removed {reference}");
+        Cmd::Image { cmd: ImageCmd::Rm { references, pool, no_gc } } => {
+            cli::image::rm(&cli::image::pool(pool.data_dir)?, &references, no_gc)?
         }
+        Cmd::Image { cmd: ImageCmd::Gc { pool, json } } => cli::image::gc(&cli::image::pool(pool.data_dir)?, json)?,
+        Cmd::Image { cmd: ImageCmd::Du { pool, json } } => cli::image::du(&cli::image::pool(pool.data_dir)?, json)?,
         Cmd::Ps(s) => cli::ps(&cli::client::Client::new(&s.server)).await?,
         Cmd::Exec { server, id, command } => {
             return cli::exec::exec(&cli::client::Client::new(&server.server), &id, &command).await

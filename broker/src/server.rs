@@ -2,7 +2,7 @@
 use crate::api;
 use crate::sandbox::pool::Pool;
 use crate::sandbox::{expiry, teardown::teardown, Registry};
-use pvisor_images::ImageStore;
+use pvisor_images::Pool as ImagePool;
 use pvisor_worker::cgroup::{GroupPaths, Layout};
 use pvisor_worker::config::{IdMap, Limits};
 use std::net::SocketAddr;
@@ -18,7 +18,7 @@ pub struct Ctx {
     pub data_dir: PathBuf,
     pub run_dir: PathBuf,
     pub sandboxes_dir: PathBuf,
-    pub images: ImageStore,
+    pub images: ImagePool,
     pub cgroups: Option<Layout>,
     pub worker_bin: PathBuf,
     pub agent_bin: PathBuf,
@@ -187,7 +187,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
     let sandboxes_dir = o.data_dir.join("sandboxes");
     clean_dir(&run_dir)?;
     clean_dir(&sandboxes_dir)?;
-    let images = ImageStore::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
+    let images = ImagePool::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
     secure_dirs(&[&o.data_dir, &o.data_dir.join("images"), &sandboxes_dir, &run_dir])?;
     let cgroup_prefix = cgroup_prefix(&o.data_dir);
     let cgroups = match Layout::detect() {

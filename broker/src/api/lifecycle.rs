@@ -145,7 +145,8 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         "user": cfg.user,
         "entrypoint": entrypoint,
     });
-    let spec = LaunchSpec { id: id.clone(), image_root: ctx.images.rootfs(&record), limits, agent_config };
+    let spec =
+        LaunchSpec { id: id.clone(), image_root: std::path::PathBuf::from("/nonexistent"), limits, agent_config };
     let (runtime, child) = launch::launch(&ctx, &spec).await?;
     let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
     let log = runtime.log.clone();

@@ -1,6 +1,7 @@
 //! CLI commands that talk to a running daemon over HTTP.
 pub mod client;
 pub mod exec;
+pub mod image;
 
 use client::Client;
 use serde_json::Value;

@@ -3,10 +3,14 @@
 //! ```text
 //! root/
 //!   lock           flock'ed (exclusively) while names or the image set change
+//!   gc.lock        flock'ed shared by imports and readers loading a catalog,
+//!                  exclusively by gc (so gc never sees a half-imported image)
 //!   names.json     name -> id, rewritten atomically (temp file, fsync, rename)
-//!   images/<hex>/  image.json + rootfs/; only complete images ever appear here
-//!   tmp/<unique>/  imports in progress and images being deleted, each
-//!                  flock'ed by its owner; unlocked leftovers are removed by open
+//!   images/<hex>/  image.json + index; only complete images ever appear here
+//!   packs/         chunk packs and their catalogs (see `pack`)
+//!   tmp/<unique>   imports in progress (directories and packs) and images
+//!                  being deleted, each flock'ed by its owner; unlocked
+//!                  leftovers are removed by open
 //! ```
 
 use std::collections::BTreeMap;
@@ -22,13 +26,12 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fsops;
 use crate::reference::is_hex;
 use crate::ImageConfig;
 
 const NAMES_FILE: &str = "names.json";
 const IMAGE_META: &str = "image.json";
-const ROOTFS: &str = "rootfs";
+pub(crate) const INDEX_FILE: &str = "index";
 
 /// What `images/<hex>/image.json` holds.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -37,8 +40,9 @@ pub(crate) struct StoredImage {
     pub config: ImageConfig,
     pub size_bytes: u64,
     pub imported_at: String,
-    /// Uid/gid shift the tree was unpacked with (None: owned by the importer).
-    pub id_shift: Option<u32>,
+    /// Bytes of the compressed index.
+    #[serde(default)]
+    pub index_bytes: u64,
     #[serde(default)]
     pub manifest_digests: Vec<String>,
     #[serde(default)]
@@ -53,9 +57,10 @@ struct NameTable {
 
 /// The store's directories.
 pub(crate) struct Store {
-    root: PathBuf,
-    images: PathBuf,
-    tmp: PathBuf,
+    pub(crate) root: PathBuf,
+    pub(crate) images: PathBuf,
+    pub(crate) packs: PathBuf,
+    pub(crate) tmp: PathBuf,
 }
 
 /// A directory under `tmp/` owned (flock'ed) by this process; removed on
@@ -70,23 +75,13 @@ impl TmpDir {
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
-    pub(crate) fn rootfs(&self) -> PathBuf {
-        self.path.join(ROOTFS)
-    }
-
-    /// Flushes the file system holding the directory (done once per
-    /// unpacked image, before it is published, instead of per-file fsyncs).
-    pub(crate) fn sync(&self) -> Result<()> {
-        let dir = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)).map_err(|e| Error::io(&self.path, e))
-    }
 }
 
 impl Drop for TmpDir {
     fn drop(&mut self) {
         if !self.keep {
-            if let Err(e) = fsops::remove_all(&self.path) {
-                tracing::warn!(path = %self.path.display(), "cannot remove temporary image tree: {e}");
+            if let Err(e) = fs::remove_dir_all(&self.path) {
+                tracing::warn!(path = %self.path.display(), "cannot remove temporary image directory: {e}");
             }
         }
     }
@@ -109,15 +104,17 @@ fn open_dir_nofollow(path: &Path) -> io::Result<File> {
 }
 
 /// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync dir.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
     f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
     fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
     fsync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
-fn unique_name(prefix: &str) -> String {
+pub(crate) fn unique_name(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     format!("{prefix}-{}-{}-{nanos:x}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
@@ -135,8 +132,14 @@ impl Store {
     /// Creates the layout if needed and removes leftovers of killed imports.
     pub(crate) fn open(root: &Path) -> Result<Store> {
         fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
-        let store = Store { root: root.to_path_buf(), images: root.join("images"), tmp: root.join("tmp") };
+        let store = Store {
+            root: root.to_path_buf(),
+            images: root.join("images"),
+            packs: root.join("packs"),
+            tmp: root.join("tmp"),
+        };
         mkdir(&store.images, 0o755)?;
+        mkdir(&store.packs, 0o755)?;
         mkdir(&store.tmp, 0o700)?;
         store.clean_tmp()?;
         Ok(store)
@@ -150,11 +153,12 @@ impl Store {
             let entry = entry.map_err(|e| Error::io(&self.tmp, e))?;
             let path = entry.path();
             let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-            if !is_dir {
-                fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
-                continue;
-            }
-            let dir = match open_dir_nofollow(&path) {
+            let opened = if is_dir {
+                open_dir_nofollow(&path)
+            } else {
+                OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path)
+            };
+            let dir = match opened {
                 Ok(d) => d,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(Error::io(&path, e)),
@@ -162,7 +166,11 @@ impl Store {
             match Flock::lock(dir, FlockArg::LockExclusiveNonblock) {
                 Ok(_held) => {
                     tracing::info!(path = %path.display(), "removing leftover of an interrupted import");
-                    fsops::remove_all(&path).map_err(|e| Error::io(&path, e))?;
+                    if is_dir {
+                        fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+                    } else {
+                        fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                    }
                 }
                 Err((_, Errno::EWOULDBLOCK)) => {} // in use by a live import
                 Err((_, e)) => return Err(Error::io(&path, e)),
@@ -213,9 +221,20 @@ impl Store {
         Ok(self.images.join(id_hex(id)?))
     }
 
-    pub(crate) fn rootfs(&self, id: &str) -> PathBuf {
-        let hex = id.strip_prefix("sha256:").unwrap_or(id);
-        self.images.join(hex).join(ROOTFS)
+    /// Takes the gc lock: shared for imports and catalog readers,
+    /// exclusive for gc.
+    pub(crate) fn gc_lock(&self, exclusive: bool) -> Result<Flock<File>> {
+        let path = self.root.join("gc.lock");
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        let how = if exclusive { FlockArg::LockExclusive } else { FlockArg::LockShared };
+        Flock::lock(f, how).map_err(|(_, e)| Error::io(&path, e))
     }
 
     /// Reads an image's metadata; None if the image is not in the store.
