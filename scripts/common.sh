@@ -13,7 +13,8 @@ log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
 # Debian packages the build, the images and the tests need.
 ensure_packages() {
-    local want=(protobuf-compiler mmdebstrap busybox-static ca-certificates debian-archive-keyring python3 python3-venv python3-pip gcc libc6-dev)
+    # docker-registry, skopeo, apache2-utils: images/tests/registry.rs (a local registry to pull from).
+    local want=(protobuf-compiler mmdebstrap busybox-static ca-certificates debian-archive-keyring python3 python3-venv python3-pip gcc libc6-dev docker-registry skopeo apache2-utils)
     local missing=()
     for p in "${want[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
