@@ -14,7 +14,9 @@ log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 # Debian packages the build, the images and the tests need.
 ensure_packages() {
     # docker-registry, skopeo, apache2-utils: images/tests/registry.rs (a local registry to pull from).
-    local want=(protobuf-compiler mmdebstrap busybox-static ca-certificates debian-archive-keyring python3 python3-venv python3-pip gcc libc6-dev docker-registry skopeo apache2-utils)
+    # fuse3: fusermount3, with which an unprivileged broker's image servers mount.
+    # erofs-utils: fsck.erofs checks the vm backend's erofs image views.
+    local want=(protobuf-compiler mmdebstrap busybox-static ca-certificates debian-archive-keyring python3 python3-venv python3-pip gcc libc6-dev docker-registry skopeo apache2-utils fuse3 erofs-utils)
     local missing=()
     for p in "${want[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -32,11 +34,12 @@ ensure_packages() {
 build() {
     log "building (cargo target dir: $CARGO_TARGET_DIR)"
     mkdir -p "$CARGO_TARGET_DIR" "$DIST"
-    (cd "$REPO" && cargo build --release --locked -p pvisor -p pvisor-worker)
+    (cd "$REPO" && cargo build --release --locked -p pvisor -p pvisor-worker -p pvisor-images --bin pvisor --bin pvisor-worker --bin pvisor-imaged)
     local triple
     triple=$(rustc -vV | sed -n 's/^host: //p')
     (cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p pvisor-agent --target "$triple")
-    install -m 0755 "$CARGO_TARGET_DIR/release/pvisor" "$CARGO_TARGET_DIR/release/pvisor-worker" "$DIST/"
+    install -m 0755 "$CARGO_TARGET_DIR/release/pvisor" "$CARGO_TARGET_DIR/release/pvisor-worker" \
+        "$CARGO_TARGET_DIR/release/pvisor-imaged" "$DIST/"
     install -m 0755 "$CARGO_TARGET_DIR/$triple/release/pvisor-agent" "$DIST/"
 }
 

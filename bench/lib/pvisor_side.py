@@ -9,11 +9,11 @@ from .common import IMAGE_FILES, IMAGES, PVISOR, connection, free_port, run, sha
 
 
 def snapshot_binaries(workdir: Path) -> Path:
-    """Copy pvisor, pvisor-worker and pvisor-agent into the work dir, so a
+    """Copy pvisor, pvisor-worker, pvisor-imaged and pvisor-agent into the work dir, so a
     rebuild of the dist dir during a run cannot mix binaries."""
     dst = workdir / "pvisor-bin"
     dst.mkdir(parents=True, exist_ok=True)
-    for b in ("pvisor", "pvisor-worker", "pvisor-agent"):
+    for b in ("pvisor", "pvisor-worker", "pvisor-imaged", "pvisor-agent"):
         src = PVISOR.parent / b if b != "pvisor" else PVISOR
         shutil.copy2(src, dst / b)
     return dst / "pvisor"
@@ -46,7 +46,7 @@ class PvisorService:
         d = self.pvisor.parent
         return {"side": "pvisor", "command": self.command(),
                 "warm_workers": self.warm_workers if self.warm_workers is not None else "default (2)",
-                "binaries": {b: sha256_file(d / b) for b in ("pvisor", "pvisor-worker", "pvisor-agent")}}
+                "binaries": {b: sha256_file(d / b) for b in ("pvisor", "pvisor-worker", "pvisor-imaged", "pvisor-agent")}}
 
     def command(self) -> list[str]:
         cmd = [str(self.pvisor), "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data)]

@@ -37,9 +37,16 @@ enum Cmd {
         /// The static agent binary (default: next to this executable).
         #[arg(long)]
         agent_bin: Option<PathBuf>,
+        /// The image server binary (default: next to this executable).
+        #[arg(long)]
+        imaged_bin: Option<PathBuf>,
         /// Start even where no cgroup can be created (sandboxes get no limits).
         #[arg(long)]
         allow_no_cgroups: bool,
+        /// Pull an image from its registry when a create names one the pool lacks
+        /// (credentials: the request's `image.auth`, else PVISOR_REGISTRY_USER/PASSWORD).
+        #[arg(long)]
+        allow_pull: bool,
         /// Workers started ahead of demand, so a create does not wait for one.
         #[arg(long, default_value_t = 2)]
         warm_workers: usize,
@@ -80,6 +87,18 @@ enum ImageCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Pull images from an OCI registry into the local image pool.
+    Pull {
+        #[arg(required = true)]
+        references: Vec<String>,
+        #[command(flatten)]
+        pool: PoolArgs,
+        #[command(flatten)]
+        registry: cli::image::PullArgs,
+        /// One JSON object per progress event on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// List images (asks the daemon).
     Ls(ServerArg),
     /// Remove image names or ids from the pool, then collect garbage.
@@ -116,14 +135,16 @@ struct PoolArgs {
 
 async fn run(cli: Cli) -> Result<i32, String> {
     match cli.cmd {
-        Cmd::Serve { listen, data_dir, worker_bin, agent_bin, allow_no_cgroups, warm_workers } => {
+        Cmd::Serve { listen, data_dir, worker_bin, agent_bin, imaged_bin, allow_no_cgroups, allow_pull, warm_workers } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
                 listen,
                 data_dir,
                 worker_bin,
                 agent_bin,
+                imaged_bin,
                 allow_no_cgroups,
+                allow_pull,
                 warm_workers,
             })
             .await?;
@@ -131,6 +152,12 @@ async fn run(cli: Cli) -> Result<i32, String> {
         Cmd::Image { cmd: ImageCmd::Import { files, pool, json } } => {
             cli::image::import(&cli::image::pool(pool.data_dir)?, &files, cli::image::Output::detect(json))?
         }
+        Cmd::Image { cmd: ImageCmd::Pull { references, pool, registry, json } } => cli::image::pull(
+            &cli::image::pool(pool.data_dir)?,
+            &references,
+            &registry,
+            cli::image::Output::detect(json),
+        )?,
         Cmd::Image { cmd: ImageCmd::Ls(s) } => cli::image_ls(&cli::client::Client::new(&s.server)).await?,
         Cmd::Image { cmd: ImageCmd::Rm { references, pool, no_gc } } => {
             cli::image::rm(&cli::image::pool(pool.data_dir)?, &references, no_gc)?

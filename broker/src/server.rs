@@ -1,5 +1,6 @@
 //! `pvisor serve`: the broker daemon.
 use crate::api;
+use crate::sandbox::images::ImageMounts;
 use crate::sandbox::pool::Pool;
 use crate::sandbox::{expiry, teardown::teardown, Registry};
 use pvisor_images::Pool as ImagePool;
@@ -27,6 +28,10 @@ pub struct Ctx {
     pub registry: Registry,
     pub api_key: Option<String>,
     pub pool: Pool,
+    /// One FUSE server per image in use.
+    pub mounts: ImageMounts,
+    /// Pull images missing from the pool when a create names them.
+    pub allow_pull: bool,
     /// Prefix of this broker's cgroup names (see [`cgroup_prefix`]).
     pub cgroup_prefix: String,
 }
@@ -36,7 +41,9 @@ pub struct ServeOptions {
     pub data_dir: PathBuf,
     pub worker_bin: Option<PathBuf>,
     pub agent_bin: Option<PathBuf>,
+    pub imaged_bin: Option<PathBuf>,
     pub allow_no_cgroups: bool,
+    pub allow_pull: bool,
     /// Warm workers kept ready for creates.
     pub warm_workers: usize,
 }
@@ -209,6 +216,13 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         .agent_bin
         .or_else(|| std::env::var_os("PVISOR_AGENT").map(PathBuf::from))
         .unwrap_or_else(|| sibling("pvisor-agent"));
+    let imaged_bin = o
+        .imaged_bin
+        .or_else(|| std::env::var_os("PVISOR_IMAGED").map(PathBuf::from))
+        .unwrap_or_else(|| sibling("pvisor-imaged"));
+    if !imaged_bin.is_file() {
+        return Err(format!("image server binary {} not found (use --imaged-bin)", imaged_bin.display()));
+    }
     if !worker_bin.is_file() {
         return Err(format!("worker binary {} not found (use --worker-bin)", worker_bin.display()));
     }
@@ -223,6 +237,15 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         Err(e) => return Err(format!("agent binary {}: {e} (use --agent-bin)", agent_bin.display())),
     }
     let ids = IdMap::for_current_user(images.id_shift());
+    let mounts = ImageMounts::new(
+        imaged_bin,
+        images.root().to_path_buf(),
+        o.data_dir.join("mnt"),
+        ids,
+        cgroups.clone(),
+        cgroup_prefix.clone(),
+    )?;
+    secure_dirs(&[&o.data_dir.join("mnt")])?;
     Ok(Ctx {
         listen: o.listen,
         data_dir: o.data_dir,
@@ -237,6 +260,8 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         registry: Registry::default(),
         api_key,
         pool: Pool::new(o.warm_workers),
+        mounts,
+        allow_pull: o.allow_pull,
         cgroup_prefix,
     })
 }
@@ -295,6 +320,7 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
         }
     }
     ctx.pool.drain();
+    ctx.mounts.shutdown();
     tracing::info!("pvisor stopped");
     Ok(())
 }

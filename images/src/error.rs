@@ -40,6 +40,10 @@ pub enum Error {
     #[error("invalid image store options: {0}")]
     Options(String),
 
+    /// Pulling from a registry failed.
+    #[error("pull: {0}")]
+    Registry(#[from] crate::registry::RegistryError),
+
     /// An I/O error on a given path.
     #[error("I/O error on {}: {source}", .path.display())]
     Io {

@@ -20,8 +20,10 @@
 mod archive;
 mod config;
 mod docker;
+pub mod erofs;
 mod error;
 mod oci;
+pub mod fuse;
 pub mod pool;
 mod reference;
 pub mod registry;
@@ -31,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{Error, Result};
 pub use pool::view::ImageView;
-pub use pool::{DuReport, GcReport, ImportEvent, ImportStats, Pool};
+pub use pool::{DuReport, GcReport, ImportEvent, ImportStats, Pool, PullProgress};
 pub use reference::normalize_name;
 
 /// Uid/gid shift used by [`Pool::open`] when running as root.

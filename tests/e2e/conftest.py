@@ -104,7 +104,9 @@ def import_images(binary: Path, data_dir: Path, archives: list[str]) -> None:
 class PvisorServer:
     """A `pvisor serve` subprocess with its own data directory and log file."""
 
-    def __init__(self, name: str, binary: Path, data_dir: Path, log_path: Path, env: dict[str, str]):
+    def __init__(self, name: str, binary: Path, data_dir: Path, log_path: Path, env: dict[str, str],
+                 args: list[str] | None = None):
+        self.args = args or []
         self.name = name
         self.binary = binary
         self.data_dir = data_dir
@@ -129,7 +131,7 @@ class PvisorServer:
             self.port = free_port()
             self._log_file = open(self.log_path, "ab", buffering=0)
             self._log_file.write(f"=== pytest: starting {self.name} on {self.addr}\n".encode())
-            cmd = [str(self.binary), "serve", "--listen", self.addr, "--data-dir", str(self.data_dir)]
+            cmd = [str(self.binary), "serve", "--listen", self.addr, "--data-dir", str(self.data_dir), *self.args]
             env = {k: v for k, v in os.environ.items() if k != "PVISOR_API_KEY"}
             env.update({"RUST_BACKTRACE": "1", **self.env})
             self.proc = subprocess.Popen(
@@ -232,7 +234,8 @@ class PvisorServer:
         return total
 
 
-def _start_server(tmp_path_factory, name: str, archives: list[str], env: dict[str, str]) -> PvisorServer:
+def _start_server(tmp_path_factory, name: str, archives: list[str], env: dict[str, str],
+                  args: list[str] | None = None) -> PvisorServer:
     binary = pvisor_bin()
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         pytest.fail(
@@ -243,7 +246,7 @@ def _start_server(tmp_path_factory, name: str, archives: list[str], env: dict[st
     base = tmp_path_factory.mktemp(name)
     data_dir = make_data_dir(name)
     import_images(binary, data_dir, archives)
-    srv = PvisorServer(name, binary, data_dir, base / "server.log", env)
+    srv = PvisorServer(name, binary, data_dir, base / "server.log", env, args)
     srv.start()
     return srv
 

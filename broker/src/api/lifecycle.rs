@@ -82,6 +82,47 @@ fn unsupported_field(name: &str) -> ApiError {
     ApiError::bad_request(format!("{name} is not supported by this server"))
 }
 
+/// The image of a create: from the pool, or pulled into it first when the
+/// server allows pulls (`pvisor serve --allow-pull`).
+async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pvisor_images::ImageRecord> {
+    let not_found = |e: &dyn std::fmt::Display| {
+        ApiError::new(StatusCode::NOT_FOUND, "IMAGE_NOT_FOUND", format!("image {:?}: {e}", image.uri))
+    };
+    match ctx.images.resolve(&image.uri) {
+        Ok(r) => return Ok(r),
+        Err(pvisor_images::Error::NotFound(_)) if ctx.allow_pull => {}
+        Err(e) => return Err(not_found(&e)),
+    }
+    let mut opts = pvisor_images::registry::PullOptions::default();
+    if let Some(a) = &image.auth {
+        opts.username = a.username.clone();
+        opts.password = a.password.clone();
+    } else {
+        opts.username = std::env::var("PVISOR_REGISTRY_USER").ok();
+        opts.password = std::env::var("PVISOR_REGISTRY_PASSWORD").ok();
+    }
+    let (c, uri) = (ctx.clone(), image.uri.clone());
+    let pulled = tokio::task::spawn_blocking(move || c.images.pull(&uri, &opts, &mut |_| {}))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    match pulled {
+        Ok(_) => ctx.images.resolve(&image.uri).map_err(|e| not_found(&e)),
+        Err(pvisor_images::Error::Registry(e)) => {
+            use pvisor_images::registry::RegistryError as R;
+            let (status, code) = match &e {
+                R::NotFound { .. } => (StatusCode::NOT_FOUND, "IMAGE_NOT_FOUND"),
+                R::Unauthorized { .. } => (StatusCode::UNAUTHORIZED, "IMAGE_PULL_UNAUTHORIZED"),
+                R::InvalidReference { .. } | R::NoMatchingPlatform { .. } => {
+                    (StatusCode::BAD_REQUEST, "IMAGE_PULL_FAILED")
+                }
+                _ => (StatusCode::BAD_GATEWAY, "IMAGE_PULL_FAILED"),
+            };
+            Err(ApiError::new(status, code, format!("pulling {:?}: {e}", image.uri)))
+        }
+        Err(e) => Err(ApiError::new(StatusCode::BAD_GATEWAY, "IMAGE_PULL_FAILED", format!("pulling {:?}: {e}", image.uri))),
+    }
+}
+
 pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Response> {
     let req: CreateSandboxRequest = parse_json(&body)?;
     if req.snapshot_id.is_some() {
@@ -126,10 +167,7 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         return Err(ApiError::bad_request("env keys must be non-empty and must not contain '='"));
     }
 
-    let record = ctx
-        .images
-        .resolve(&image.uri)
-        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, "IMAGE_NOT_FOUND", format!("image {:?}: {e}", image.uri)))?;
+    let record = resolve_image(&ctx, image).await?;
     let cfg = &record.config;
     let entrypoint = match &req.entrypoint {
         Some(ep) => ep.clone(),
@@ -145,8 +183,12 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         "user": cfg.user,
         "entrypoint": entrypoint,
     });
-    let spec =
-        LaunchSpec { id: id.clone(), image_root: std::path::PathBuf::from("/nonexistent"), limits, agent_config };
+    let c = ctx.clone();
+    let image_root = tokio::task::spawn_blocking(move || c.mounts.ensure(&record))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "IMAGE_SERVE_FAILED", e))?;
+    let spec = LaunchSpec { id: id.clone(), image_root, limits, agent_config };
     let (runtime, child) = launch::launch(&ctx, &spec).await?;
     let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
     let log = runtime.log.clone();

@@ -6,6 +6,15 @@ use std::collections::BTreeMap;
 #[serde(rename_all = "camelCase")]
 pub struct ImageSpec {
     pub uri: String,
+    /// Registry credentials, used when the server pulls a missing image.
+    #[serde(default)]
+    pub auth: Option<ImageAuth>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ImageAuth {
+    pub username: Option<String>,
+    pub password: Option<String>,
 }
 
 /// `POST /v1/sandboxes`. Unknown fields are tolerated (newer SDKs send more).

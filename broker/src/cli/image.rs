@@ -144,3 +144,56 @@ pub fn rm(pool: &Pool, refs: &[String], no_gc: bool) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Registry credentials and transport for `pvisor image pull`.
+#[derive(clap::Args)]
+pub struct PullArgs {
+    /// Registry user (Basic auth or the token service).
+    #[arg(long, env = "PVISOR_REGISTRY_USER")]
+    pub username: Option<String>,
+    /// Read the password (or token) from stdin.
+    #[arg(long)]
+    pub password_stdin: bool,
+    /// Allow plain http for a non-loopback registry.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// `pvisor image pull REF...`
+pub fn pull(pool: &Pool, refs: &[String], args: &PullArgs, out: Output) -> Result<(), String> {
+    use pvisor_images::registry::{PullEvent, PullOptions};
+    use pvisor_images::PullProgress;
+    let password = if args.password_stdin {
+        let mut s = String::new();
+        std::io::stdin().read_line(&mut s).map_err(|e| format!("reading the password: {e}"))?;
+        Some(s.trim_end_matches(['\r', '\n']).to_owned())
+    } else {
+        std::env::var("PVISOR_REGISTRY_PASSWORD").ok()
+    };
+    let opts = PullOptions {
+        username: args.username.clone(),
+        password,
+        insecure_http: args.insecure,
+        ..PullOptions::default()
+    };
+    for r in refs {
+        let mut fetched = 0u64;
+        let mut total = 0u64;
+        pool.pull(r, &opts, &mut |p| match (out, p) {
+            (Output::Json, p) => println!("{}", serde_json::to_string(&p).unwrap_or_default()),
+            (_, PullProgress::Import(e)) => show(out, &e),
+            (Output::Terminal, PullProgress::Fetch(PullEvent::Manifest { layers, total_bytes, .. })) => {
+                total = total_bytes;
+                eprintln!("pulling {r}: {layers} layers, {:.1} MiB", mib(total_bytes));
+            }
+            (Output::Terminal, PullProgress::Fetch(PullEvent::BlobDone { .. })) => fetched += 1,
+            (Output::Terminal, PullProgress::Fetch(PullEvent::Blob { done, .. })) => {
+                eprint!("\r\x1b[2K  blob {}: {:.1} MiB of {:.1} MiB", fetched + 1, mib(done), mib(total));
+                let _ = std::io::stderr().flush();
+            }
+            _ => {}
+        })
+        .map_err(|e| format!("{r}: {e}"))?;
+    }
+    Ok(())
+}

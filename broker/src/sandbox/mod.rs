@@ -1,6 +1,7 @@
 //! Sandboxes as the broker sees them: records, the registry, launching a
 //! worker, tearing one down and expiring them.
 pub mod expiry;
+pub mod images;
 pub mod launch;
 pub mod pool;
 pub mod record;

@@ -83,8 +83,15 @@ impl Pool {
         let plans = merge_plans(plans);
         let order: Vec<String> = plans.iter().map(|p| p.id.clone()).collect();
 
+        // Held (shared) until the images are published: their chunks are
+        // referenced by no published index before that, and a gc meanwhile
+        // would take them for garbage.
+        let gc_guard = self.store.gc_lock(false)?;
         let mut prepared = Vec::with_capacity(plans.len());
         let mut garbage = false;
+        // Small files of the images built so far, shared with the next ones
+        // (images of one archive often share layers).
+        let mut built = HashMap::new();
         for plan in plans {
             let staged = match self.store.read_image(&plan.id)? {
                 Some(_) => {
@@ -97,7 +104,7 @@ impl Pool {
                     None
                 }
                 None => {
-                    let (staged, stats) = self.build(&ar, &plan, None, progress)?;
+                    let (staged, stats) = self.build(&ar, &plan, None, &mut built, progress)?;
                     garbage |= stats.replaced_bytes > 0;
                     Some(staged)
                 }
@@ -116,6 +123,7 @@ impl Pool {
         }
         self.store.save_names(&names)?;
         drop(lock);
+        drop(gc_guard);
         if garbage {
             // Content that later layers replaced was written before that was
             // known; nothing references it now.
@@ -133,29 +141,21 @@ impl Pool {
                 Err(Error::NotFound(_)) => continue,
                 Err(e) => return Err(e),
             };
-            for inode in &index.inodes {
-                if let Data::File { size, digest, extents } = &inode.data {
-                    if *size < SMALL && *size > 0 {
-                        known.entry(*digest).or_insert_with(|| KnownFile {
-                            extents: extents
-                                .iter()
-                                .map(|x| (index.chunks[x.chunk as usize], x.offset, x.len))
-                                .collect(),
-                        });
-                    }
-                }
-            }
+            add_known(&mut known, &index);
         }
         Ok(known)
     }
 
     /// Builds one image's index (writing its new chunks) into a staging dir.
-    /// `held`: the store lock, when the caller holds it.
+    /// `held`: the store lock, when the caller holds it. `built`: small
+    /// files of images built (not yet published) by this import, to reuse;
+    /// this image's are added.
     fn build(
         &self,
         ar: &Archive,
         plan: &ImagePlan,
         held: Option<&Flock<File>>,
+        built: &mut HashMap<[u8; 32], KnownFile>,
         progress: Progress<'_>,
     ) -> Result<(TmpDir, ImportStats)> {
         let started = Instant::now();
@@ -163,7 +163,10 @@ impl Pool {
         let _gc = self.store.gc_lock(false)?;
         let staged = self.store.tmp_dir("import", held)?;
         let catalog = Catalog::load(&self.store.packs)?;
-        let known = self.known_files()?;
+        let mut known = self.known_files()?;
+        for (digest, file) in built.iter() {
+            known.entry(*digest).or_insert_with(|| file.clone());
+        }
         let mut chunker =
             Chunker::new(&catalog, self.store.tmp.clone(), self.store.packs.clone(), known, self.options.level)
                 .map_err(|e| Error::io(&self.store.tmp, e))?;
@@ -193,6 +196,7 @@ impl Pool {
         let mut index = Index { inodes, chunks };
         let replaced = index.compact_chunks();
         index.check().map_err(|reason| Error::Corrupt { path: staged.path().to_path_buf(), reason })?;
+        add_known(built, &index);
         let encoded = index.encode()?;
         super::write_atomic(&staged.path().join(INDEX_FILE), &encoded)?;
         let meta = StoredImage {
@@ -239,8 +243,21 @@ impl Pool {
             (None, Some(staged)) => self.store.publish(staged, &plan.id),
             (None, None) => {
                 // Removed since we looked: build again (under the lock; rare).
-                let (staged, _) = self.build(ar, plan, Some(held), &mut |_| {})?;
+                let (staged, _) = self.build(ar, plan, Some(held), &mut HashMap::new(), &mut |_| {})?;
                 self.store.publish(staged, &plan.id)
+            }
+        }
+    }
+}
+
+/// Adds the small files of `index` to `known` (by content).
+fn add_known(known: &mut HashMap<[u8; 32], KnownFile>, index: &Index) {
+    for inode in &index.inodes {
+        if let Data::File { size, digest, extents } = &inode.data {
+            if *size < SMALL && *size > 0 {
+                known.entry(*digest).or_insert_with(|| KnownFile {
+                    extents: extents.iter().map(|x| (index.chunks[x.chunk as usize], x.offset, x.len)).collect(),
+                });
             }
         }
     }

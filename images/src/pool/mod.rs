@@ -5,6 +5,7 @@ mod gc;
 mod import;
 pub mod index;
 pub mod pack;
+mod pull;
 mod store;
 pub mod view;
 
@@ -15,6 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub use chunker::{ChunkStats, CHUNK_SIZE, SMALL};
 pub use gc::{DuReport, GcReport, ImageUsage};
 pub use import::{ImportEvent, ImportStats};
+pub use pull::PullProgress;
 
 use crate::error::{Error, Result};
 use crate::reference::{self, Reference};

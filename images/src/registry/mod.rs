@@ -1,6 +1,6 @@
 //! Pulling images from an OCI distribution registry (Docker Hub, GHCR, a
 //! local `registry:2`, ...) into an OCI image-layout tarball that
-//! [`crate::ImageStore::import`] takes.
+//! [`crate::Pool::import`] takes.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -80,7 +80,8 @@ impl fmt::Debug for PullOptions {
 }
 
 /// Progress of a pull.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
 pub enum PullEvent {
     /// The image manifest is resolved: `layers` layers, `total_bytes` to
     /// download (config and layers, as declared).

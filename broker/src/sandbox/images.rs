@@ -1,0 +1,236 @@
+//! Image servers: one `pvisor-imaged` process per image in use, serving the
+//! image read-only from the pool through FUSE at `<data>/mnt/<id>`. Every
+//! sandbox of that image uses the mount as its overlay lower layer, so they
+//! share one server and one page cache.
+//!
+//! A server is started at the first create of its image and kept while the
+//! broker runs. A server that died is replaced at the next create of its
+//! image (its stale mount is detached first). At shutdown, servers are told
+//! to go (lifeline closed) and their mounts detached.
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nix::fcntl::OFlag;
+use pvisor_images::ImageRecord;
+use pvisor_worker::cgroup::{GroupPaths, Layout, SANDBOX_LEAF};
+use pvisor_worker::config::{IdMap, Limits};
+
+/// fds of a server: `ready` (it writes "ready\n" once mounted) and `lifeline`.
+const READY_FD: RawFd = 3;
+const LIFELINE_FD: RawFd = 4;
+/// How long a server may take to mount.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Resource limits of one image server's group (its index, chunk cache and
+/// FUSE buffers; the page cache of what it serves is charged to readers).
+const SERVER_LIMITS: Limits = Limits { cpu_millis: 2000, memory_bytes: 256 << 20, pids: 64 };
+
+struct Server {
+    child: Child,
+    /// The broker's end of the server's lifeline.
+    _lifeline: OwnedFd,
+    mountpoint: PathBuf,
+    cgroup: Option<GroupPaths>,
+}
+
+/// What starting a server needs.
+pub struct ImageMounts {
+    imaged_bin: PathBuf,
+    pool_dir: PathBuf,
+    mount_dir: PathBuf,
+    ids: IdMap,
+    cgroups: Option<Layout>,
+    cgroup_prefix: String,
+    servers: Mutex<HashMap<String, Server>>,
+}
+
+fn hex_of(id: &str) -> &str {
+    id.strip_prefix("sha256:").unwrap_or(id)
+}
+
+/// Detaches whatever is mounted at `p` (a stale or dead FUSE mount).
+fn detach(p: &Path) {
+    match nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH) {
+        Ok(()) => tracing::debug!(mount = %p.display(), "detached image mount"),
+        Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {} // not mounted
+        Err(e) => tracing::warn!(mount = %p.display(), "cannot detach image mount: {e}"),
+    }
+}
+
+impl ImageMounts {
+    /// Detaches mounts a previous broker of this data dir left behind.
+    pub fn new(
+        imaged_bin: PathBuf,
+        pool_dir: PathBuf,
+        mount_dir: PathBuf,
+        ids: IdMap,
+        cgroups: Option<Layout>,
+        cgroup_prefix: String,
+    ) -> Result<ImageMounts, String> {
+        std::fs::create_dir_all(&mount_dir).map_err(|e| format!("{}: {e}", mount_dir.display()))?;
+        for e in std::fs::read_dir(&mount_dir).map_err(|e| format!("{}: {e}", mount_dir.display()))?.flatten() {
+            detach(&e.path());
+            let _ = std::fs::remove_dir(e.path());
+        }
+        Ok(ImageMounts {
+            imaged_bin,
+            pool_dir,
+            mount_dir,
+            ids,
+            cgroups,
+            cgroup_prefix,
+            servers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The mounted image, starting its server if none runs. Blocking.
+    pub fn ensure(&self, image: &ImageRecord) -> Result<PathBuf, String> {
+        let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = servers.get_mut(&image.id) {
+            match s.child.try_wait() {
+                Ok(None) => return Ok(s.mountpoint.clone()),
+                Ok(Some(status)) => tracing::warn!(image = %image.id, "image server exited ({status}); restarting"),
+                Err(e) => tracing::warn!(image = %image.id, "image server: {e}; restarting"),
+            }
+            if let Some(old) = servers.remove(&image.id) {
+                stop(old);
+            }
+        }
+        let server = self.start(image)?;
+        let mp = server.mountpoint.clone();
+        servers.insert(image.id.clone(), server);
+        Ok(mp)
+    }
+
+    fn start(&self, image: &ImageRecord) -> Result<Server, String> {
+        let hex = hex_of(&image.id);
+        let mountpoint = self.mount_dir.join(&hex[..16.min(hex.len())]);
+        detach(&mountpoint);
+        std::fs::create_dir_all(&mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+        let cgroup = match &self.cgroups {
+            Some(l) => Some(
+                l.create_group(&format!("{}img-{}", self.cgroup_prefix, &hex[..12.min(hex.len())]), &SERVER_LIMITS)
+                    .map_err(|e| format!("image server cgroup: {e}"))?,
+            ),
+            None => None,
+        };
+        let (ready_rd, ready_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+        let (life_rd, life_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+        let mut cmd = Command::new(&self.imaged_bin);
+        cmd.arg("--pool").arg(&self.pool_dir).arg("--image").arg(&image.id).arg("--mountpoint").arg(&mountpoint);
+        if self.ids.count > 1 {
+            cmd.arg("--id-shift").arg(self.ids.uid_base.to_string());
+        } else {
+            cmd.arg("--owner").arg(format!("{}:{}", self.ids.uid_base, self.ids.gid_base));
+        }
+        cmd.arg("--ready-fd").arg(READY_FD.to_string()).arg("--lifeline-fd").arg(LIFELINE_FD.to_string());
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let fds = [ready_wr.as_raw_fd(), life_rd.as_raw_fd()];
+        // SAFETY: runs in the forked child before exec; only fcntl/dup2/
+        // close_range/setsid on fds the parent keeps open until spawn returns.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut tmp = [0; 2];
+                for (t, fd) in tmp.iter_mut().zip(fds) {
+                    *t = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
+                    if *t < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                for (t, target) in tmp.into_iter().zip([READY_FD, LIFELINE_FD]) {
+                    if libc::dup2(t, target) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if libc::syscall(libc::SYS_close_range, LIFELINE_FD + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| format!("spawn {}: {e}", self.imaged_bin.display()))?;
+        drop((ready_wr, life_rd));
+        if let Some(g) = &cgroup {
+            if let Err(e) = g.join(SANDBOX_LEAF, child.id() as i32) {
+                tracing::warn!("image server cgroup: {e}");
+            }
+        }
+        let mut server = Server { child, _lifeline: life_wr, mountpoint, cgroup };
+        match wait_ready(ready_rd) {
+            Ok(()) => {
+                tracing::info!(image = %image.id, mount = %server.mountpoint.display(), "image server ready");
+                Ok(server)
+            }
+            Err(e) => {
+                let _ = server.child.kill();
+                let _ = server.child.wait();
+                let mut err = String::new();
+                if let Some(mut s) = server.child.stderr.take() {
+                    let _ = s.read_to_string(&mut err);
+                }
+                let mountpoint = server.mountpoint.clone();
+                stop(server);
+                let _ = std::fs::remove_dir(&mountpoint);
+                Err(format!("image server for {}: {e}{}", image.id, if err.is_empty() { String::new() } else { format!(": {}", err.trim()) }))
+            }
+        }
+    }
+
+    /// Stops every server and detaches its mount.
+    pub fn shutdown(&self) {
+        let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, s) in servers.drain() {
+            stop(s);
+        }
+    }
+}
+
+/// Reads the server's "ready" line (EOF first means it failed).
+fn wait_ready(fd: OwnedFd) -> Result<(), String> {
+    let mut pfd = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(&fd), nix::poll::PollFlags::POLLIN)];
+    let ms = READY_TIMEOUT.as_millis() as u16;
+    match nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(ms)) {
+        Ok(0) => return Err(format!("not mounted within {READY_TIMEOUT:?}")),
+        Ok(_) => {}
+        Err(e) => return Err(format!("waiting for the mount: {e}")),
+    }
+    let mut buf = [0u8; 16];
+    let n = nix::unistd::read(fd.as_raw_fd(), &mut buf).map_err(|e| format!("ready pipe: {e}"))?;
+    if buf[..n].starts_with(b"ready") {
+        Ok(())
+    } else {
+        Err("exited before mounting".into())
+    }
+}
+
+/// Ends a server: its lifeline closes (it exits), it is reaped, its mount
+/// detached and its group removed.
+fn stop(mut s: Server) {
+    drop(s._lifeline);
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match s.child.try_wait() {
+            Ok(Some(_)) | Err(_) => break,
+            Ok(None) if std::time::Instant::now() > deadline => {
+                let _ = s.child.kill();
+                let _ = s.child.wait();
+                break;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    detach(&s.mountpoint);
+    let _ = std::fs::remove_dir(&s.mountpoint);
+    if let Some(g) = s.cgroup {
+        let _ = g.destroy();
+    }
+}
