@@ -1,5 +1,6 @@
 //! Hostile archives: every trick is refused (or confined to the image tree),
-//! nothing is written outside the store, and the store is left unchanged.
+//! nothing is written outside the pool, and the pool is left unchanged (no
+//! image, name or pack added).
 
 mod common;
 
@@ -7,7 +8,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use pvisor_images::{Error, ImageRecord, ImageStore};
+use pvisor_images::pool::index::{Data, S_IFDIR, S_IFLNK, S_IFREG};
+use pvisor_images::{Error, ImageRecord, Pool};
 
 const GIB: u64 = 1 << 30;
 
@@ -18,22 +20,23 @@ fn docker_image(tag: &str, layers: Vec<Layer>) -> Members {
     )
 }
 
-/// A store with one good image in it.
-fn seeded() -> (Env, ImageStore) {
+/// A pool with one good image in it.
+fn seeded() -> (Env, Pool) {
     let env = Env::new();
-    let store = env.store();
+    let pool = env.pool();
     let good = env.archive(
         "good.tar",
         &docker_image("good", vec![Layer::new(LayerBuilder::new().file("ok", b"ok", 0o644).build(), Comp::Plain)]),
     );
-    store.import(&good).unwrap();
-    (env, store)
+    pool.import(&good).unwrap();
+    (env, pool)
 }
 
 /// Imports `members` expecting a refusal; checks nothing changed anywhere.
 fn refused(members: &Members) -> Error {
-    let (env, store) = seeded();
-    let before = listing(&store);
+    let (env, pool) = seeded();
+    let before = listing(&pool);
+    let packs = packs_snapshot(&env.root);
     let outside = env.outside_snapshot();
     let path = env.archive("evil.tar", members);
     let outside = {
@@ -42,13 +45,15 @@ fn refused(members: &Members) -> Error {
         o.insert(path.strip_prefix(env.dir.path()).unwrap().to_path_buf(), sha256(&fs::read(&path).unwrap()));
         o
     };
-    let err = store.import(&path).expect_err("hostile archive was accepted");
-    assert_eq!(listing(&store), before, "store contents changed");
+    let err = pool.import(&path).expect_err("hostile archive was accepted");
+    assert_eq!(listing(&pool), before, "pool contents changed");
+    assert_eq!(packs_snapshot(&env.root), packs, "packs changed");
     assert_eq!(env.outside_snapshot(), outside, "something was written outside the store");
     assert_eq!(fs::read(env.outside.join("secret")).unwrap(), b"host secret");
     env.assert_store_clean();
     // A fresh handle sees the same thing.
-    assert_eq!(listing(&env.store()), before);
+    assert_eq!(listing(&env.pool()), before);
+    assert_eq!(read(&pool, &pool.resolve("good").unwrap(), "ok"), b"ok");
     err
 }
 
@@ -67,25 +72,25 @@ fn assert_unsafe(err: &Error, entry_contains: &str) {
 }
 
 /// Imports layers that must succeed while staying inside the tree.
-fn contained(layers: Vec<Layer>) -> (Env, ImageStore, ImageRecord) {
-    let (env, store) = seeded();
+fn contained(layers: Vec<Layer>) -> (Env, Pool, ImageRecord) {
+    let (env, pool) = seeded();
     let path = env.archive("tricky.tar", &docker_image("tricky", layers));
     let mut outside = env.outside_snapshot();
     outside.insert(path.strip_prefix(env.dir.path()).unwrap().to_path_buf(), sha256(&fs::read(&path).unwrap()));
-    let rec = store.import(&path).unwrap().remove(0);
+    let rec = pool.import(&path).unwrap().remove(0);
     assert_eq!(env.outside_snapshot(), outside, "something was written outside the store");
     assert_eq!(fs::read(env.outside.join("secret")).unwrap(), b"host secret");
     env.assert_store_clean();
-    (env, store, rec)
+    (env, pool, rec)
 }
 
 fn plain(b: LayerBuilder) -> Layer {
     Layer::new(b.build(), Comp::Plain)
 }
 
-/// `rootfs` joined with an absolute host path (where an absolute symlink lands).
-fn inside(rootfs: &Path, host: &Path) -> PathBuf {
-    rootfs.join(host.strip_prefix("/").unwrap())
+/// The image path an absolute host path names (where an absolute symlink lands).
+fn inside(host: &Path, rest: &str) -> String {
+    format!("{}/{rest}", host.strip_prefix("/").unwrap().display())
 }
 
 #[test]
@@ -107,14 +112,32 @@ fn dotdot_entries_refused() {
 }
 
 #[test]
+fn refusal_after_content_was_chunked_leaves_no_trace() {
+    // Big files are chunked into a pack as they stream by; a refusal later
+    // in the same (or a later) layer drops that unpublished pack.
+    let mut rng = Rng(9);
+    let big = rng.bytes(3 << 20);
+    let err = refused_layers(vec![plain(
+        LayerBuilder::new().file("big", &big, 0o644).file("small", b"small", 0o644).file("../evil", b"x", 0o644),
+    )]);
+    assert_unsafe(&err, "../evil");
+    let err = refused_layers(vec![
+        plain(LayerBuilder::new().file("big", &big, 0o644)),
+        Layer::new(LayerBuilder::new().file("more", &big[..1 << 20], 0o644).hardlink("h", "/nope").build(), Comp::Zstd),
+    ]);
+    assert_unsafe(&err, "h");
+}
+
+#[test]
 fn absolute_paths_are_stripped() {
-    let (_env, store, rec) = contained(vec![plain(LayerBuilder::new().file("/etc/abs", b"abs", 0o644))]);
-    assert_eq!(fs::read(store.rootfs(&rec).join("etc/abs")).unwrap(), b"abs");
+    let (_env, pool, rec) = contained(vec![plain(LayerBuilder::new().file("/etc/abs", b"abs", 0o644))]);
+    assert_eq!(read(&pool, &rec, "etc/abs"), b"abs");
+    assert_eq!(ls(&pool, &rec, ""), ["etc"]);
 }
 
 #[test]
 fn symlinked_parent_to_absolute_host_path_stays_inside() {
-    let (env, store) = seeded();
+    let (env, pool) = seeded();
     let layers = vec![
         plain(LayerBuilder::new().symlink("etc", env.outside.to_str().unwrap())),
         Layer::new(LayerBuilder::new().file("etc/passwd", b"root::0:0", 0o644).build(), Comp::Gzip),
@@ -122,30 +145,32 @@ fn symlinked_parent_to_absolute_host_path_stays_inside() {
     let path = env.archive("tricky.tar", &docker_image("tricky", layers));
     let mut outside = env.outside_snapshot();
     outside.insert(PathBuf::from("tricky.tar"), sha256(&fs::read(&path).unwrap()));
-    let rec = store.import(&path).unwrap().remove(0);
+    let rec = pool.import(&path).unwrap().remove(0);
     assert_eq!(env.outside_snapshot(), outside, "wrote outside the store");
     assert!(!env.outside.join("passwd").exists());
-    let rootfs = store.rootfs(&rec);
-    assert_eq!(fs::read(inside(&rootfs, &env.outside).join("passwd")).unwrap(), b"root::0:0");
+    // The file lands at the symlink's target inside the image; the link stays.
+    assert_eq!(read(&pool, &rec, &inside(&env.outside, "passwd")), b"root::0:0");
+    assert_eq!(readlink(&pool, &rec, "etc"), env.outside.to_str().unwrap());
     env.assert_store_clean();
 }
 
 #[test]
 fn symlinked_parent_climbing_out_stays_inside() {
-    let (_env, store, rec) = contained(vec![
+    let (_env, pool, rec) = contained(vec![
         plain(LayerBuilder::new().symlink("etc", "../../..").symlink("deep", "a/../../../../../..")),
         plain(LayerBuilder::new().file("etc/passwd", b"pw", 0o644).file("deep/shadow", b"sh", 0o644)),
     ]);
-    let rootfs = store.rootfs(&rec);
     // "../../.." from the tree root is the tree root.
-    assert_eq!(fs::read(rootfs.join("passwd")).unwrap(), b"pw");
-    assert_eq!(fs::read(rootfs.join("shadow")).unwrap(), b"sh");
-    assert!(rootfs.join("a").is_dir(), "the dangling part of the chain is created inside");
+    assert_eq!(read(&pool, &rec, "passwd"), b"pw");
+    assert_eq!(read(&pool, &rec, "shadow"), b"sh");
+    assert!(stat(&pool, &rec, "a").is_dir(), "the dangling part of the chain is created inside");
+    assert_eq!(stat(&pool, &rec, "etc").kind(), S_IFLNK);
+    assert_eq!(ls(&pool, &rec, ""), ["a", "deep", "etc", "passwd", "shadow"]);
 }
 
 #[test]
 fn symlink_then_write_in_same_layer_stays_inside() {
-    let (env, store) = seeded();
+    let (env, pool) = seeded();
     let layer = LayerBuilder::new()
         .symlink("s", "/")
         .file("s/escaped", b"e", 0o644)
@@ -157,19 +182,18 @@ fn symlink_then_write_in_same_layer_stays_inside() {
     let path = env.archive("same.tar", &docker_image("same", vec![plain(layer)]));
     let mut outside = env.outside_snapshot();
     outside.insert(PathBuf::from("same.tar"), sha256(&fs::read(&path).unwrap()));
-    let rec = store.import(&path).unwrap().remove(0);
+    let rec = pool.import(&path).unwrap().remove(0);
     assert_eq!(env.outside_snapshot(), outside);
-    let rootfs = store.rootfs(&rec);
-    assert_eq!(fs::read(rootfs.join("escaped")).unwrap(), b"e");
-    assert_eq!(fs::read(inside(&rootfs, &env.outside).join("secret")).unwrap(), b"overwritten?");
-    assert_eq!(fs::read(inside(&rootfs, &env.outside).join("new/f")).unwrap(), b"f");
+    assert_eq!(read(&pool, &rec, "escaped"), b"e");
+    assert_eq!(read(&pool, &rec, &inside(&env.outside, "secret")), b"overwritten?");
+    assert_eq!(read(&pool, &rec, &inside(&env.outside, "new/f")), b"f");
     assert!(!env.outside.join("new").exists());
     env.assert_store_clean();
 }
 
 #[test]
 fn replacing_a_symlink_never_writes_through_it() {
-    let (env, store) = seeded();
+    let (env, pool) = seeded();
     let target = env.outside.join("secret");
     let layers = vec![
         plain(
@@ -194,16 +218,22 @@ fn replacing_a_symlink_never_writes_through_it() {
     let path = env.archive("replace.tar", &docker_image("replace", layers));
     let mut outside = env.outside_snapshot();
     outside.insert(PathBuf::from("replace.tar"), sha256(&fs::read(&path).unwrap()));
-    let rec = store.import(&path).unwrap().remove(0);
+    let rec = pool.import(&path).unwrap().remove(0);
     assert_eq!(env.outside_snapshot(), outside, "host files touched");
-    let rootfs = store.rootfs(&rec);
-    let passwd = fs::symlink_metadata(rootfs.join("etc/passwd")).unwrap();
-    assert!(passwd.is_file());
-    assert_eq!(fs::read(rootfs.join("etc/passwd")).unwrap(), b"replaced");
-    assert!(fs::symlink_metadata(rootfs.join("x")).unwrap().is_dir());
-    assert_eq!(fs::read(rootfs.join("x/secret")).unwrap(), b"inside");
+    assert_eq!(stat(&pool, &rec, "etc/passwd").kind(), S_IFREG);
+    assert_eq!(read(&pool, &rec, "etc/passwd"), b"replaced");
+    let x = stat(&pool, &rec, "x");
+    assert_eq!(x.kind(), S_IFDIR);
+    assert_eq!(perm(&x), 0o700);
+    assert_eq!(read(&pool, &rec, "x/secret"), b"inside");
     // A hardlink to a symlink links the symlink itself.
-    assert!(fs::symlink_metadata(rootfs.join("hl")).unwrap().file_type().is_symlink());
+    let hl = stat(&pool, &rec, "hl");
+    assert_eq!(hl.data, Data::Symlink { target: target.to_str().unwrap().as_bytes().to_vec() });
+    assert_eq!(hl.nlink, 2);
+    assert_eq!(lookup(&pool, &rec, "hl"), lookup(&pool, &rec, "hl-src"));
+    // Links through which a whiteout or opaque marker was applied stay links.
+    assert_eq!(readlink(&pool, &rec, "w"), env.outside.to_str().unwrap());
+    assert_eq!(readlink(&pool, &rec, "o"), env.outside.to_str().unwrap());
     env.assert_store_clean();
 }
 
@@ -271,10 +301,12 @@ fn outer_archive_absurd_member_size_refused() {
         .file("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#, 0o644)
         .lying_size("index.json", 100 * GIB, b"{}")
         .build();
-    let (env, store) = seeded();
-    let before = listing(&store);
-    let err = store.import(&env.write("outer.tar", &outer)).unwrap_err();
+    let (env, pool) = seeded();
+    let before = listing(&pool);
+    let packs = packs_snapshot(&env.root);
+    let err = pool.import(&env.write("outer.tar", &outer)).unwrap_err();
     assert!(matches!(&err, Error::BadArchive { entry: Some(e), .. } if e == "index.json"), "{err:?}");
-    assert_eq!(listing(&store), before);
+    assert_eq!(listing(&pool), before);
+    assert_eq!(packs_snapshot(&env.root), packs);
     env.assert_store_clean();
 }

@@ -1,5 +1,6 @@
-//! Builders for small docker-archive and OCI-layout tarballs, and helpers to
-//! check that nothing escaped the store.
+//! Builders for small docker-archive and OCI-layout tarballs, helpers to
+//! look at an imported image through its index and view, and checks that
+//! nothing escaped the pool.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -7,7 +8,8 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use pvisor_images::{ImageStore, Options};
+use pvisor_images::pool::index::{Data, Ino, Inode, S_IFMT};
+use pvisor_images::{ImageRecord, ImageView, Options, Pool};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -88,11 +90,41 @@ impl LayerBuilder {
         self.entry(path, tar::EntryType::Fifo, 0o640, (0, 0), "", b"")
     }
     pub fn chardev(self, path: &str, major: u32, minor: u32) -> Self {
-        let mut h = header(path.as_bytes(), tar::EntryType::Char, 0, 0o666, 0, 0, b"");
+        self.device(path, tar::EntryType::Char, major, minor)
+    }
+    pub fn blockdev(self, path: &str, major: u32, minor: u32) -> Self {
+        self.device(path, tar::EntryType::Block, major, minor)
+    }
+    fn device(self, path: &str, kind: tar::EntryType, major: u32, minor: u32) -> Self {
+        let mut h = header(path.as_bytes(), kind, 0, 0o666, 0, 0, b"");
         h.set_device_major(major).unwrap();
         h.set_device_minor(minor).unwrap();
         h.set_cksum();
         self.raw(&h, b"")
+    }
+    /// A file with its own mtime.
+    pub fn file_at(self, path: &str, data: &[u8], mode: u32, mtime: u64) -> Self {
+        let mut h = header(path.as_bytes(), tar::EntryType::Regular, data.len() as u64, mode, 0, 0, b"");
+        h.set_mtime(mtime);
+        h.set_cksum();
+        self.raw(&h, data)
+    }
+    /// A PAX extended header (`key=value` records) for the next entry.
+    pub fn pax(self, records: &[(&str, &[u8])]) -> Self {
+        let mut body = Vec::new();
+        for (key, value) in records {
+            // "<len> <key>=<value>\n", where <len> counts itself.
+            let rest = key.len() + value.len() + 3; // ' ', '=', '\n'
+            let mut len = rest + 1;
+            while len != rest + len.to_string().len() {
+                len = rest + len.to_string().len();
+            }
+            body.extend_from_slice(format!("{len} {key}=").as_bytes());
+            body.extend_from_slice(value);
+            body.push(b'\n');
+        }
+        let h = header(b"PaxHeaders/x", tar::EntryType::XHeader, body.len() as u64, 0o644, 0, 0, b"");
+        self.raw(&h, &body)
     }
     /// `dir/.wh.name` for `dir/name`.
     pub fn whiteout(self, path: &str) -> Self {
@@ -299,11 +331,16 @@ pub fn tar_members(members: &Members) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
-/// A temporary directory with a store root and an "outside" sentinel.
+/// A temporary directory with a pool root and an "outside" sentinel.
 pub struct Env {
     pub dir: tempfile::TempDir,
     pub root: PathBuf,
     pub outside: PathBuf,
+}
+
+/// Pool options of the tests: no id shift, the default zstd level.
+pub fn options() -> Options {
+    Options { id_shift: None, level: 3 }
 }
 
 impl Env {
@@ -316,8 +353,8 @@ impl Env {
         Env { dir, root, outside }
     }
 
-    pub fn store(&self) -> ImageStore {
-        ImageStore::open_with(&self.root, Options { id_shift: None }).unwrap()
+    pub fn pool(&self) -> Pool {
+        Pool::open_with(&self.root, options()).unwrap()
     }
 
     pub fn write(&self, name: &str, bytes: &[u8]) -> PathBuf {
@@ -330,31 +367,64 @@ impl Env {
         self.write(name, &tar_members(members))
     }
 
-    /// Everything in the temp dir outside the store (path → content/target).
+    /// Everything in the temp dir outside the pool (path → content/target).
     pub fn outside_snapshot(&self) -> BTreeMap<PathBuf, String> {
         let mut out = BTreeMap::new();
         snapshot(self.dir.path(), self.dir.path(), &self.root, &mut out);
         out
     }
 
-    /// The store holds nothing but its own files: no strays next to image
-    /// trees, nothing left in tmp/.
+    /// The pool holds nothing but its own files: complete images (metadata
+    /// and index only), packs each with its catalog, nothing left in tmp/.
     pub fn assert_store_clean(&self) {
-        for e in fs::read_dir(&self.root).unwrap() {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            assert!(["images", "tmp", "lock", "names.json"].contains(&name.as_str()), "stray {name} in store root");
-        }
-        let tmp: Vec<_> = fs::read_dir(self.root.join("tmp")).unwrap().collect();
-        assert!(tmp.is_empty(), "tmp/ not empty: {tmp:?}");
-        for e in fs::read_dir(self.root.join("images")).unwrap() {
-            let e = e.unwrap();
-            assert_eq!(e.file_name().len(), 64, "stray {:?} in images/", e.file_name());
-            let mut inner: Vec<String> =
-                fs::read_dir(e.path()).unwrap().map(|x| x.unwrap().file_name().into_string().unwrap()).collect();
-            inner.sort();
-            assert_eq!(inner, ["image.json", "rootfs"]);
+        assert_pool_clean(&self.root, false);
+    }
+}
+
+/// See [`Env::assert_store_clean`]. `after_crash`: also accept what an
+/// interrupted pack publication leaves in `packs/` (a pack whose catalog
+/// was never written, a catalog temp file), which only gc removes.
+pub fn assert_pool_clean(root: &Path, after_crash: bool) {
+    for e in fs::read_dir(root).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        assert!(
+            ["images", "packs", "tmp", "lock", "gc.lock", "names.json"].contains(&name.as_str()),
+            "stray {name} in pool root"
+        );
+    }
+    let tmp: Vec<_> = fs::read_dir(root.join("tmp")).unwrap().collect();
+    assert!(tmp.is_empty(), "tmp/ not empty: {tmp:?}");
+    for e in fs::read_dir(root.join("images")).unwrap() {
+        let e = e.unwrap();
+        assert_eq!(e.file_name().len(), 64, "stray {:?} in images/", e.file_name());
+        let mut inner: Vec<String> =
+            fs::read_dir(e.path()).unwrap().map(|x| x.unwrap().file_name().into_string().unwrap()).collect();
+        inner.sort();
+        assert_eq!(inner, ["image.json", "index"]);
+    }
+    let packs: Vec<String> =
+        fs::read_dir(root.join("packs")).unwrap().map(|x| x.unwrap().file_name().into_string().unwrap()).collect();
+    for name in &packs {
+        if let Some(stem) = name.strip_suffix(".cat") {
+            assert!(packs.contains(&format!("{stem}.pack")), "catalog {name} without its pack");
+        } else if let Some(stem) = name.strip_suffix(".pack") {
+            assert!(after_crash || packs.contains(&format!("{stem}.cat")), "pack {name} without its catalog");
+        } else {
+            assert!(after_crash && name.ends_with(".cat.tmp"), "stray {name} in packs/");
         }
     }
+}
+
+/// Names and sizes of the files in `packs/` (to check a refused import
+/// added nothing).
+pub fn packs_snapshot(root: &Path) -> BTreeMap<String, u64> {
+    fs::read_dir(root.join("packs"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().into_string().unwrap(), e.metadata().unwrap().len())
+        })
+        .collect()
 }
 
 fn snapshot(base: &Path, dir: &Path, skip: &Path, out: &mut BTreeMap<PathBuf, String>) {
@@ -376,11 +446,163 @@ fn snapshot(base: &Path, dir: &Path, skip: &Path, out: &mut BTreeMap<PathBuf, St
     }
 }
 
-/// Ids and names of the store's images, for before/after comparisons.
-pub fn listing(store: &ImageStore) -> Vec<(String, Vec<String>)> {
-    store.list().unwrap().into_iter().map(|r| (r.id, r.names)).collect()
+/// Ids and names of the pool's images, for before/after comparisons.
+pub fn listing(pool: &Pool) -> Vec<(String, Vec<String>)> {
+    pool.list().unwrap().into_iter().map(|r| (r.id, r.names)).collect()
 }
 
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
+}
+
+// ---- looking at an imported image --------------------------------------------
+
+pub fn view(pool: &Pool, rec: &ImageRecord) -> ImageView {
+    pool.view(rec).unwrap_or_else(|e| panic!("view of {}: {e}", rec.id))
+}
+
+/// The inode number at `path` (symlinks not followed), if any.
+pub fn lookup(pool: &Pool, rec: &ImageRecord, path: &str) -> Option<Ino> {
+    pool.index(&rec.id).unwrap().lookup_path(path)
+}
+
+pub fn exists(pool: &Pool, rec: &ImageRecord, path: &str) -> bool {
+    lookup(pool, rec, path).is_some()
+}
+
+/// The inode at `path` (symlinks not followed).
+pub fn stat(pool: &Pool, rec: &ImageRecord, path: &str) -> Inode {
+    let index = pool.index(&rec.id).unwrap();
+    let ino = index.lookup_path(path).unwrap_or_else(|| panic!("{path}: not in the image"));
+    index.inodes[ino as usize].clone()
+}
+
+/// Permission bits (`0o7777`) of an inode.
+pub fn perm(inode: &Inode) -> u32 {
+    inode.mode & 0o7777
+}
+
+/// The content of the regular file at `path`.
+pub fn read(pool: &Pool, rec: &ImageRecord, path: &str) -> Vec<u8> {
+    view(pool, rec).read_path(path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The target of the symlink at `path`.
+pub fn readlink(pool: &Pool, rec: &ImageRecord, path: &str) -> String {
+    match stat(pool, rec, path).data {
+        Data::Symlink { target } => String::from_utf8(target).unwrap(),
+        other => panic!("{path} is not a symlink: {other:?}"),
+    }
+}
+
+/// Entry names of the directory at `path`, in index (sorted) order.
+pub fn ls(pool: &Pool, rec: &ImageRecord, path: &str) -> Vec<String> {
+    let inode = stat(pool, rec, path);
+    assert!(inode.is_dir(), "{path} is not a directory");
+    inode.entries().iter().map(|e| String::from_utf8(e.name.clone()).unwrap()).collect()
+}
+
+/// What a path of an image is, for whole-tree comparisons.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Node {
+    Dir,
+    File(Vec<u8>),
+    Symlink(String),
+    Other(u32),
+}
+
+/// Every path of the image (`""` is the root) with its content, regular
+/// files read through the view in odd-sized pieces (so reads cross chunk
+/// and extent boundaries).
+pub fn tree(view: &ImageView) -> BTreeMap<String, Node> {
+    let index = view.index();
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(String::new(), 0 as Ino)];
+    while let Some((path, ino)) = stack.pop() {
+        let inode = &index.inodes[ino as usize];
+        let node = match &inode.data {
+            Data::Dir { entries, .. } => {
+                for e in entries {
+                    let name = String::from_utf8(e.name.clone()).unwrap();
+                    let child = if path.is_empty() { name } else { format!("{path}/{name}") };
+                    stack.push((child, e.ino));
+                }
+                Node::Dir
+            }
+            Data::File { .. } => Node::File(read_ino(view, ino)),
+            Data::Symlink { target } => Node::Symlink(String::from_utf8(target.clone()).unwrap()),
+            _ => Node::Other(inode.mode & S_IFMT),
+        };
+        out.insert(path, node);
+    }
+    out
+}
+
+/// A file's content through [`ImageView::read`], 100 003 bytes at a time.
+pub fn read_ino(view: &ImageView, ino: Ino) -> Vec<u8> {
+    let size = view.index().inodes[ino as usize].size() as usize;
+    let mut out = vec![0u8; size];
+    let mut off = 0;
+    while off < size {
+        let end = (off + 100_003).min(size);
+        let n = view.read(ino, off as u64, &mut out[off..end]).unwrap();
+        assert!(n > 0, "short read at {off} of {size}");
+        off += n;
+    }
+    let mut past = [0u8; 8];
+    assert_eq!(view.read(ino, size as u64, &mut past).unwrap(), 0, "read past the end");
+    out
+}
+
+/// The regular files of an image and their content.
+pub fn files(view: &ImageView) -> BTreeMap<String, Vec<u8>> {
+    tree(view)
+        .into_iter()
+        .filter_map(|(p, n)| match n {
+            Node::File(data) => Some((p, data)),
+            _ => None,
+        })
+        .collect()
+}
+
+// ---- generated data -----------------------------------------------------------
+
+/// A small deterministic PRNG (splitmix64), so tests need no extra crate.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// Incompressible bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut out = vec![0u8; n.div_ceil(8) * 8];
+        for c in out.chunks_exact_mut(8) {
+            c.copy_from_slice(&self.next().to_le_bytes());
+        }
+        out.truncate(n);
+        out
+    }
+    /// Compressible text-like bytes (words from a small vocabulary).
+    pub fn text(&mut self, n: usize) -> Vec<u8> {
+        const WORDS: [&str; 16] = [
+            "alpha", "beta", "gamma", "delta", "sandbox", "pool", "chunk", "layer", "index", "image", "zstd", "the",
+            "of", "and", "\n", "= 42;",
+        ];
+        let mut out = Vec::with_capacity(n + 8);
+        while out.len() < n {
+            out.extend_from_slice(WORDS[self.below(16) as usize].as_bytes());
+            out.push(b' ');
+        }
+        out.truncate(n);
+        out
+    }
 }
