@@ -9,6 +9,10 @@
 //! jump seccompiler computed stays valid. Each syscall number belongs to exactly one group,
 //! so the order of the groups does not change what the filter returns.
 //!
+//! An allow list (the image server filter) adds one last program built from its `Allow` rules:
+//! match: allow, mismatch: kill the process. The errno groups before it chain into it, so a
+//! syscall that none of them refuses is allowed only if an allow rule says so.
+//!
 //! On x86_64 a hand-written prologue comes first: it kills the process on a foreign
 //! architecture (as seccompiler's own check does) and refuses every x32 syscall (numbers with
 //! bit 30 set), because those reach the same kernel code under different numbers and would
@@ -25,7 +29,7 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 
-use crate::rules::{Action, FilterKind, Rule, When};
+use crate::rules::{Action, DefaultAction, FilterKind, Rule, When};
 use crate::Error;
 
 /// The kernel's limit on the length of a seccomp BPF program (`BPF_MAXINSNS`).
@@ -93,28 +97,38 @@ fn prologue() -> BpfProgram {
 
 /// Compiles one filter's rule table.
 pub(crate) fn compile(kind: FilterKind, rules: &[Rule]) -> Result<BpfProgram, Error> {
-    let groups = group_by_errno(kind, rules)?;
+    let Grouped { errnos, allowed } = group(kind, rules)?;
     let compile_err = |source| Error::Compile { filter: kind, source };
 
-    let mut segments = Vec::with_capacity(groups.len());
-    for (errno, table) in groups {
+    let mut segments = Vec::with_capacity(errnos.len() + 1);
+    for (errno, table) in errnos {
         let filter = SeccompFilter::new(table, SeccompAction::Allow, SeccompAction::Errno(errno as u32), TARGET_ARCH)
             .map_err(compile_err)?;
         let segment: BpfProgram = filter.try_into().map_err(compile_err)?;
         segments.push(segment);
     }
+    // What follows the last program, if anything: every program before it chains to it.
+    let tail = match kind.default_action() {
+        DefaultAction::Allow if segments.is_empty() => Some(stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW)),
+        DefaultAction::Allow => None,
+        DefaultAction::KillProcess if allowed.is_empty() => Some(stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS)),
+        DefaultAction::KillProcess => {
+            let filter = SeccompFilter::new(allowed, SeccompAction::KillProcess, SeccompAction::Allow, TARGET_ARCH)
+                .map_err(compile_err)?;
+            segments.push(filter.try_into().map_err(compile_err)?);
+            None
+        }
+    };
 
     let mut program = prologue();
     let count = segments.len();
     for (i, mut segment) in segments.into_iter().enumerate() {
-        if i + 1 < count {
+        if i + 1 < count || tail.is_some() {
             chain_to_next(&mut segment);
         }
         program.extend(segment);
     }
-    if count == 0 {
-        program.push(stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW));
-    }
+    program.extend(tail);
 
     if program.len() > BPF_MAX_LEN {
         return Err(Error::TooLarge { filter: kind, len: program.len(), max: BPF_MAX_LEN });
@@ -136,8 +150,18 @@ fn chain_to_next(segment: &mut [sock_filter]) {
 
 type Table = BTreeMap<i64, Vec<SeccompRule>>;
 
-/// Checks the table and sorts its deny rules into one seccompiler table per errno.
-fn group_by_errno(kind: FilterKind, rules: &[Rule]) -> Result<BTreeMap<i32, Table>, Error> {
+/// A rule table sorted for compilation.
+struct Grouped {
+    /// Deny rules, one seccompiler table per errno.
+    errnos: BTreeMap<i32, Table>,
+    /// Allow rules of an allow list (empty for a default-allow filter).
+    allowed: Table,
+}
+
+/// Checks the table and sorts its deny rules into one seccompiler table per errno, and (for an
+/// allow list) its allow rules into one more.
+fn group(kind: FilterKind, rules: &[Rule]) -> Result<Grouped, Error> {
+    let allow_list = kind.default_action() == DefaultAction::KillProcess;
     let invalid = |rule: &Rule, why: &str| Error::InvalidRules {
         filter: kind,
         reason: format!("{} ({}): {why}", rule.name, rule.sysno),
@@ -146,6 +170,7 @@ fn group_by_errno(kind: FilterKind, rules: &[Rule]) -> Result<BTreeMap<i32, Tabl
 
     let mut action_of: BTreeMap<i64, Action> = BTreeMap::new();
     let mut groups: BTreeMap<i32, Table> = BTreeMap::new();
+    let mut allowed = Table::new();
     for rule in rules {
         if rule.justification.trim().is_empty() {
             return Err(invalid(rule, "no justification"));
@@ -156,9 +181,12 @@ fn group_by_errno(kind: FilterKind, rules: &[Rule]) -> Result<BTreeMap<i32, Tabl
             }
         }
         let errno = match rule.action {
+            Action::Allow if allow_list => None,
             Action::Allow if rule.when == When::Always => continue,
-            Action::Allow => return Err(invalid(rule, "an allow rule cannot have a condition")),
-            Action::Errno(errno) if errno > 0 && errno <= 4095 => errno,
+            Action::Allow => {
+                return Err(invalid(rule, "an allow rule cannot have a condition in a default-allow filter"))
+            }
+            Action::Errno(errno) if errno > 0 && errno <= 4095 => Some(errno),
             Action::Errno(_) => return Err(invalid(rule, "errno out of range")),
         };
         let chain = seccomp_rules(&rule.when)
@@ -166,7 +194,10 @@ fn group_by_errno(kind: FilterKind, rules: &[Rule]) -> Result<BTreeMap<i32, Tabl
             .into_iter()
             .map(|conditions| SeccompRule::new(conditions).map_err(compile_err))
             .collect::<Result<Vec<_>, _>>()?;
-        let table = groups.entry(errno).or_default();
+        let table = match errno {
+            Some(errno) => groups.entry(errno).or_default(),
+            None => &mut allowed,
+        };
         match table.get_mut(&rule.sysno) {
             None => {
                 table.insert(rule.sysno, chain);
@@ -177,7 +208,7 @@ fn group_by_errno(kind: FilterKind, rules: &[Rule]) -> Result<BTreeMap<i32, Tabl
             Some(existing) => existing.extend(chain),
         }
     }
-    Ok(groups)
+    Ok(Grouped { errnos: groups, allowed })
 }
 
 /// The seccompiler rules (an OR of ANDs of conditions) for a condition; empty for `Always`.
@@ -215,6 +246,12 @@ fn seccomp_rules(when: &When) -> Result<Vec<Vec<SeccompCondition>>, &'static str
             check_values(values)?;
             let all = values.iter().map(|v| cond(arg, SeccompCmpOp::Ne, *v)).collect::<Result<Vec<_>, _>>()?;
             Ok(vec![all])
+        }
+        When::ArgMaskedEq { arg, mask, value } => {
+            if mask == 0 || mask > u64::from(u32::MAX) || value & !mask != 0 {
+                return Err("mask must be non-zero and fit in 32 bits, value must lie within it");
+            }
+            Ok(vec![vec![cond(arg, SeccompCmpOp::MaskedEq(mask), value)?]])
         }
     }
 }

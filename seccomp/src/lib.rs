@@ -2,15 +2,18 @@
 //! entry of a table ([`rules`]) with a one-line justification, compiled to BPF at run time with
 //! seccompiler (no build script, no JSON).
 //!
-//! Two filters:
+//! Three filters:
 //!
 //! * the [sandbox filter](sandbox), installed by the sandbox's init right before it execs the
 //!   in-sandbox agent, so that it applies to every process in the sandbox;
 //! * the [worker filter](worker), installed by the per-sandbox worker on all its threads once
-//!   its sandbox runs.
+//!   its sandbox runs;
+//! * the [image server filter](image_server), installed by `pvisor-imaged` (the FUSE server of
+//!   one image) once its mount is live.
 //!
-//! Both default to *allow* and refuse a deny list (mostly with `EPERM`, like Docker's default
-//! profile). `RULES.md` next to this crate's manifest is the generated table of both.
+//! The first two default to *allow* and refuse a deny list (mostly with `EPERM`, like Docker's
+//! default profile); the image server filter is an allow list that kills the process on any
+//! other syscall. `RULES.md` next to this crate's manifest is the generated table of all three.
 //!
 //! ```no_run
 //! // In the sandbox's init, after setting up namespaces and mounts, before execve:
@@ -29,6 +32,7 @@ compile_error!("pvisor-seccomp supports Linux on x86_64 and aarch64 only");
 
 mod compile;
 mod error;
+pub mod image_server;
 mod rules;
 pub mod sandbox;
 pub mod worker;
@@ -38,8 +42,9 @@ mod tests;
 
 pub use compile::BPF_MAX_LEN;
 pub use error::Error;
+pub use image_server::image_server_filter;
 pub use rules::{
-    rules, rules_markdown, Action, FilterKind, Rule, When, ALLOWED_PERSONAS, CLONE_NAMESPACE_FLAGS,
+    rules, rules_markdown, Action, DefaultAction, FilterKind, Rule, When, ALLOWED_PERSONAS, CLONE_NAMESPACE_FLAGS,
     UNSHARE_NAMESPACE_FLAGS,
 };
 pub use sandbox::sandbox_filter;
@@ -51,6 +56,7 @@ pub fn filter(kind: FilterKind) -> Result<BpfProgram, Error> {
     match kind {
         FilterKind::Sandbox => sandbox_filter(),
         FilterKind::Worker => worker_filter(),
+        FilterKind::ImageServer => image_server_filter(),
     }
 }
 

@@ -1,9 +1,11 @@
-//! The rules of both filters, as data.
+//! The rules of the three filters, as data.
 //!
 //! Every entry names one syscall, what the filter does with it, under which argument condition,
-//! and a one-line justification. Both filters default to *allow*: a syscall with no deny rule
-//! runs. `Action::Allow` entries emit no BPF at all; they record a deliberate decision to leave
-//! a security-relevant syscall open, so that the decision is reviewed with the rest.
+//! and a one-line justification. The sandbox and worker filters default to *allow*: a syscall
+//! with no deny rule runs, and their `Action::Allow` entries emit no BPF at all; they record a
+//! deliberate decision to leave a security-relevant syscall open, so that the decision is
+//! reviewed with the rest. The image server filter is an *allow list*: a syscall that no
+//! `Action::Allow` rule lets through (under its condition) kills the process.
 //!
 //! Argument conditions compare the low 32 bits of the argument only. That matches the kernel:
 //! every argument filtered here is an `int`/`unsigned int` in the kernel, or (clone's and
@@ -18,18 +20,28 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-/// Which of the two filters.
+/// Which of the three filters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FilterKind {
     /// Installed by the sandbox's init just before it execs the in-sandbox agent.
     Sandbox,
     /// Installed by the per-sandbox worker on all its threads once the sandbox runs.
     Worker,
+    /// Installed by `pvisor-imaged`, the FUSE server of one image, once its mount is live.
+    ImageServer,
 }
 
 impl FilterKind {
-    /// Both kinds, sandbox first.
-    pub const ALL: [FilterKind; 2] = [FilterKind::Sandbox, FilterKind::Worker];
+    /// Every kind, sandbox first.
+    pub const ALL: [FilterKind; 3] = [FilterKind::Sandbox, FilterKind::Worker, FilterKind::ImageServer];
+
+    /// What the filter does with a syscall that no rule (or no rule's condition) matches.
+    pub fn default_action(self) -> DefaultAction {
+        match self {
+            FilterKind::Sandbox | FilterKind::Worker => DefaultAction::Allow,
+            FilterKind::ImageServer => DefaultAction::KillProcess,
+        }
+    }
 }
 
 impl fmt::Display for FilterKind {
@@ -37,14 +49,26 @@ impl fmt::Display for FilterKind {
         f.write_str(match self {
             FilterKind::Sandbox => "sandbox",
             FilterKind::Worker => "worker",
+            FilterKind::ImageServer => "image server",
         })
     }
+}
+
+/// What a filter does with a syscall no rule matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultAction {
+    /// A deny list: everything not refused runs.
+    Allow,
+    /// An allow list: everything not allowed kills the whole process (`SECCOMP_RET_KILL_PROCESS`),
+    /// which the kernel logs, so a missing rule shows up at once instead of as an odd errno.
+    KillProcess,
 }
 
 /// What a filter does with a matching syscall.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Documented decision to let the syscall through. Emits no BPF (the default is allow).
+    /// Let the syscall through. In a default-allow filter this is a documented decision that
+    /// emits no BPF; in an allow list (the image server filter) it is what lets the syscall run.
     Allow,
     /// Fail the syscall with this errno without running it.
     Errno(i32),
@@ -106,6 +130,15 @@ pub enum When {
         /// The only values that do not trigger the rule; each must fit in 32 bits.
         values: &'static [u64],
     },
+    /// Argument `arg`, masked with `mask`, equals `value` (e.g. `prot & PROT_EXEC == 0`).
+    ArgMaskedEq {
+        /// Argument index (0..=5).
+        arg: u8,
+        /// Bits to look at; must be non-zero and fit in 32 bits.
+        mask: u64,
+        /// What those bits must be; must lie within `mask`.
+        value: u64,
+    },
 }
 
 impl fmt::Display for When {
@@ -135,6 +168,7 @@ impl fmt::Display for When {
                 write!(f, "arg{arg} not in ")?;
                 list(f, values)
             }
+            When::ArgMaskedEq { arg, mask, value } => write!(f, "arg{arg} & {mask:#x} == {value:#x}"),
         }
     }
 }
@@ -159,6 +193,7 @@ pub struct Rule {
 pub fn rules(kind: FilterKind) -> &'static [Rule] {
     match kind {
         FilterKind::Sandbox => SANDBOX,
+        FilterKind::ImageServer => IMAGE_SERVER,
         FilterKind::Worker => {
             static WORKER_TABLE: OnceLock<Vec<Rule>> = OnceLock::new();
             WORKER_TABLE.get_or_init(compose_worker)
@@ -480,7 +515,92 @@ pub static WORKER: &[Rule] = &[
     ),
 ];
 
-/// The rule tables of both filters as Markdown: the content of `seccomp/RULES.md`.
+/// `clone` flags the image server may pass: a thread (`CLONE_THREAD`), never a namespace.
+const CLONE_THREAD_CHECK: u64 = libc::CLONE_THREAD as u64 | CLONE_NAMESPACE_FLAGS;
+
+/// The image server filter (`pvisor-imaged`): an allow list, everything else kills the process.
+///
+/// What runs under it: fuser's session loop on the `/dev/fuse` fd that the server mounted
+/// before jailing (a few threads that `read` requests and `writev` replies), the image view
+/// (`pread64` of pack files opened before jailing, zstd decompression in memory), a thread
+/// waiting for EOF on the lifeline pipe, and `write` to stderr. It cannot open, create or
+/// receive a file descriptor, so reads and writes are not filtered by fd: every fd it has was
+/// there before the filter (the fuse fd, read-only pack files, the ready and lifeline pipes
+/// and stdio).
+pub static IMAGE_SERVER: &[Rule] = &[
+    // --- The FUSE loop and the image ----------------------------------------------------------
+    rule!(SYS_read, Action::Allow, Always,
+        "Requests from the /dev/fuse fd, and EOF from the lifeline pipe."),
+    rule!(SYS_write, Action::Allow, Always,
+        "Error messages to stderr and ready to the ready pipe; no fd can be opened, so none other is reachable."),
+    rule!(SYS_writev, Action::Allow, Always,
+        "Replies to the kernel on the /dev/fuse fd (fuser writes header and payload in one writev)."),
+    rule!(SYS_pread64, Action::Allow, Always,
+        "Compressed chunks from the pack files, opened read-only before the filter."),
+    rule!(SYS_close, Action::Allow, Always,
+        "Closing the ready pipe after writing ready, and fds dropped on exit."),
+    rule!(SYS_fcntl, Action::Allow, When::ArgIn { arg: 1, values: &[libc::F_GETFD as u64] },
+        "Rust's std checks that an fd is open before closing it (debug builds); F_GETFD only reads the close-on-exec flag."),
+    #[cfg(target_arch = "x86_64")]
+    rule!(SYS_poll, Action::Allow, Always,
+        "fuser polls the /dev/fuse fd (zero timeout) to learn whether the mount is still there before unmounting."),
+    rule!(SYS_ppoll, Action::Allow, Always,
+        "Same as poll, where libc implements poll with ppoll (aarch64)."),
+    rule!(SYS_umount2, EPERM, Always,
+        "fuser tries to unmount when its session ends; the server has no capability left to do it, the broker detaches the mount."),
+    rule!(SYS_openat, EPERM, Always,
+        "No file is opened after the filter; refused (not killed) because fuser's end-of-session unmount falls back to spawning fusermount3, which first opens /dev/null."),
+    // --- Memory ---------------------------------------------------------------------------------
+    rule!(SYS_mmap, Action::Allow, When::ArgMaskedEq { arg: 2, mask: libc::PROT_EXEC as u64, value: 0 },
+        "Allocations, thread stacks and decompression buffers; never executable memory."),
+    rule!(SYS_mprotect, Action::Allow, When::ArgMaskedEq { arg: 2, mask: libc::PROT_EXEC as u64, value: 0 },
+        "malloc arenas and stack guard pages change protection; never to executable."),
+    rule!(SYS_munmap, Action::Allow, Always,
+        "Freeing large allocations and thread stacks."),
+    rule!(SYS_mremap, Action::Allow, Always,
+        "Growing large allocations (realloc of mmap'ed blocks)."),
+    rule!(SYS_madvise, Action::Allow, Always,
+        "malloc returns freed memory (MADV_DONTNEED) and exiting threads release their stacks."),
+    rule!(SYS_brk, Action::Allow, Always,
+        "The main malloc arena grows and shrinks with brk."),
+    // --- Threads and synchronisation ----------------------------------------------------------
+    rule!(SYS_futex, Action::Allow, Always,
+        "Mutexes (the view's chunk cache, fuser's state), thread joins."),
+    rule!(SYS_clone, Action::Allow, When::ArgMaskedEq { arg: 0, mask: CLONE_THREAD_CHECK, value: libc::CLONE_THREAD as u64 },
+        "fuser starts its worker threads after the filter is in place: threads only (CLONE_THREAD), no fork, no namespace."),
+    rule!(SYS_clone3, ENOSYS, Always,
+        "Its flags sit in a struct that BPF cannot read; ENOSYS makes glibc fall back to the filtered clone(2)."),
+    rule!(SYS_set_robust_list, Action::Allow, Always,
+        "glibc registers each new thread's robust futex list."),
+    rule!(SYS_rseq, Action::Allow, Always,
+        "glibc registers restartable sequences for each new thread."),
+    rule!(SYS_prctl, Action::Allow, When::ArgIn { arg: 0, values: &[libc::PR_SET_NAME as u64] },
+        "Naming the worker threads (fuser-N); no other prctl (no_new_privs and dumpable are set before the filter)."),
+    rule!(SYS_sched_getaffinity, Action::Allow, Always,
+        "glibc's pthread_getattr_np, which Rust's runtime calls in each new thread to locate its stack guard, reads the thread's CPU mask."),
+    rule!(SYS_gettid, Action::Allow, Always,
+        "Rust's runtime and glibc read the calling thread's id when a thread starts."),
+    rule!(SYS_sched_yield, Action::Allow, Always,
+        "Spin-then-yield in lock implementations."),
+    // --- Signals and exit ----------------------------------------------------------------------
+    rule!(SYS_sigaltstack, Action::Allow, Always,
+        "Rust's runtime gives each thread an alternate signal stack for stack-overflow reports."),
+    rule!(SYS_rt_sigaction, Action::Allow, Always,
+        "glibc installs its internal thread signal handlers at the first pthread_create, which comes after the filter."),
+    rule!(SYS_rt_sigprocmask, Action::Allow, Always,
+        "glibc blocks signals around thread creation and exit."),
+    rule!(SYS_rt_sigreturn, Action::Allow, Always,
+        "Returning from a signal handler."),
+    rule!(SYS_exit, Action::Allow, Always,
+        "A thread ends."),
+    rule!(SYS_exit_group, Action::Allow, Always,
+        "The server ends (lifeline EOF, unmount, or an error)."),
+    // --- Time ------------------------------------------------------------------------------------
+    rule!(SYS_clock_gettime, Action::Allow, Always,
+        "Timestamps when the vDSO cannot answer."),
+];
+
+/// The rule tables of all filters as Markdown: the content of `seccomp/RULES.md`.
 pub fn rules_markdown() -> String {
     use std::fmt::Write as _;
 
@@ -510,10 +630,11 @@ pub fn rules_markdown() -> String {
     );
     let _ = writeln!(
         md,
-        "Both filters allow by default and act on the syscalls below. Numbers are {arch}'s. \
-         Conditions compare the low 32 bits of an argument. Before any rule, the program kills \
-         the process on a syscall from a foreign architecture and (x86_64) refuses every x32 \
-         syscall with EPERM. `allow` rows emit no BPF: they record a decision to leave a \
+        "The sandbox and worker filters allow by default and act on the syscalls below; the \
+         image server filter is an allow list. Numbers are {arch}'s. Conditions compare the low \
+         32 bits of an argument. Before any rule, every program kills the process on a syscall \
+         from a foreign architecture and (x86_64) refuses every x32 syscall with EPERM. In the \
+         sandbox and worker filters `allow` rows emit no BPF: they record a decision to leave a \
          syscall open.\n"
     );
 
@@ -555,6 +676,27 @@ pub fn rules_markdown() -> String {
             r.action,
             cell(&r.when.to_string()),
             from,
+            cell(r.justification)
+        );
+    }
+
+    let _ = writeln!(md, "\n## Image server filter\n");
+    let _ = writeln!(
+        md,
+        "Installed by `pvisor-imaged` (the FUSE server of one image) on itself once its mount is \
+         live and its capabilities are dropped. An allow list: a syscall no row lets through \
+         (under its condition) kills the process. {}\n",
+        summary(rules(FilterKind::ImageServer))
+    );
+    md.push_str("| Syscall | Nr | Action | When | Why |\n|---|---:|---|---|---|\n");
+    for r in rules(FilterKind::ImageServer) {
+        let _ = writeln!(
+            md,
+            "| `{}` | {} | {} | {} | {} |",
+            r.name,
+            r.sysno,
+            r.action,
+            cell(&r.when.to_string()),
             cell(r.justification)
         );
     }
