@@ -135,7 +135,16 @@ struct PoolArgs {
 
 async fn run(cli: Cli) -> Result<i32, String> {
     match cli.cmd {
-        Cmd::Serve { listen, data_dir, worker_bin, agent_bin, imaged_bin, allow_no_cgroups, allow_pull, warm_workers } => {
+        Cmd::Serve {
+            listen,
+            data_dir,
+            worker_bin,
+            agent_bin,
+            imaged_bin,
+            allow_no_cgroups,
+            allow_pull,
+            warm_workers,
+        } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
                 listen,

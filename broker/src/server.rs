@@ -241,6 +241,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         imaged_bin,
         images.root().to_path_buf(),
         o.data_dir.join("mnt"),
+        run_dir.clone(),
         ids,
         cgroups.clone(),
         cgroup_prefix.clone(),

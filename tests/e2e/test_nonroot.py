@@ -67,7 +67,15 @@ def delegated():
     data = Path(tempfile.mkdtemp(prefix="pvisor-nonroot-", dir="/tmp"))
     data.chmod(0o755)
     os.chown(data, pw.pw_uid, pw.pw_gid)
-    yield pw, groups, data
+    # An unprivileged image server mounts through fusermount3, which opens
+    # /dev/fuse as the user: Debian's udev makes it 0666; hosts without udev
+    # (like these) leave it 0600, so give it Debian's mode for the test.
+    fuse_mode = os.stat("/dev/fuse").st_mode & 0o7777
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        yield pw, groups, data
+    finally:
+        os.chmod("/dev/fuse", fuse_mode)
     for g in groups:
         for sub in sorted(g.glob("**/"), key=lambda p: -len(p.parts)):
             for _ in range(50):

@@ -119,7 +119,9 @@ async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pvisor_im
             };
             Err(ApiError::new(status, code, format!("pulling {:?}: {e}", image.uri)))
         }
-        Err(e) => Err(ApiError::new(StatusCode::BAD_GATEWAY, "IMAGE_PULL_FAILED", format!("pulling {:?}: {e}", image.uri))),
+        Err(e) => {
+            Err(ApiError::new(StatusCode::BAD_GATEWAY, "IMAGE_PULL_FAILED", format!("pulling {:?}: {e}", image.uri)))
+        }
     }
 }
 

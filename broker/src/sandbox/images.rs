@@ -8,7 +8,6 @@
 //! image (its stale mount is detached first). At shutdown, servers are told
 //! to go (lifeline closed) and their mounts detached.
 use std::collections::HashMap;
-use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -44,6 +43,8 @@ pub struct ImageMounts {
     imaged_bin: PathBuf,
     pool_dir: PathBuf,
     mount_dir: PathBuf,
+    /// Where each server's stderr goes (`imaged-<id>.log`).
+    log_dir: PathBuf,
     ids: IdMap,
     cgroups: Option<Layout>,
     cgroup_prefix: String,
@@ -59,6 +60,13 @@ fn detach(p: &Path) {
     match nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH) {
         Ok(()) => tracing::debug!(mount = %p.display(), "detached image mount"),
         Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {} // not mounted
+        Err(nix::errno::Errno::EPERM) => {
+            // Not root: the mount was made by fusermount3, which undoes it too.
+            match Command::new("fusermount3").arg("-u").arg("-z").arg("--").arg(p).stderr(Stdio::null()).status() {
+                Ok(s) if s.success() => tracing::debug!(mount = %p.display(), "detached image mount"),
+                _ => {}
+            }
+        }
         Err(e) => tracing::warn!(mount = %p.display(), "cannot detach image mount: {e}"),
     }
 }
@@ -69,6 +77,7 @@ impl ImageMounts {
         imaged_bin: PathBuf,
         pool_dir: PathBuf,
         mount_dir: PathBuf,
+        log_dir: PathBuf,
         ids: IdMap,
         cgroups: Option<Layout>,
         cgroup_prefix: String,
@@ -82,6 +91,7 @@ impl ImageMounts {
             imaged_bin,
             pool_dir,
             mount_dir,
+            log_dir,
             ids,
             cgroups,
             cgroup_prefix,
@@ -130,7 +140,11 @@ impl ImageMounts {
             cmd.arg("--owner").arg(format!("{}:{}", self.ids.uid_base, self.ids.gid_base));
         }
         cmd.arg("--ready-fd").arg(READY_FD.to_string()).arg("--lifeline-fd").arg(LIFELINE_FD.to_string());
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        // A file, not a pipe: nobody reads a pipe once the server runs, and a
+        // full one would block it.
+        let log_path = self.log_dir.join(format!("imaged-{}.log", &hex[..16.min(hex.len())]));
+        let log = std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         let fds = [ready_wr.as_raw_fd(), life_rd.as_raw_fd()];
         // SAFETY: runs in the forked child before exec; only fcntl/dup2/
         // close_range/setsid on fds the parent keeps open until spawn returns.
@@ -173,14 +187,15 @@ impl ImageMounts {
             Err(e) => {
                 let _ = server.child.kill();
                 let _ = server.child.wait();
-                let mut err = String::new();
-                if let Some(mut s) = server.child.stderr.take() {
-                    let _ = s.read_to_string(&mut err);
-                }
+                let err = std::fs::read_to_string(&log_path).unwrap_or_default();
                 let mountpoint = server.mountpoint.clone();
                 stop(server);
                 let _ = std::fs::remove_dir(&mountpoint);
-                Err(format!("image server for {}: {e}{}", image.id, if err.is_empty() { String::new() } else { format!(": {}", err.trim()) }))
+                Err(format!(
+                    "image server for {}: {e}{}",
+                    image.id,
+                    if err.is_empty() { String::new() } else { format!(": {}", err.trim()) }
+                ))
             }
         }
     }

@@ -16,6 +16,7 @@
 mod attr;
 mod error;
 mod fs;
+mod fusermount;
 pub mod jail;
 mod mount;
 mod pipes;

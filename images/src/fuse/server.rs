@@ -32,13 +32,13 @@ use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use fuser::Session;
+use fuser::{Session, SessionACL};
 
 use super::attr::IdMap;
 use super::error::{Error, Result};
 use super::fs::{ImageFs, OpenMode};
-use super::mount::{mount_config, MountSpec, DEFAULT_THREADS};
-use super::{jail, pipes};
+use super::mount::{fsname, mount_config, MountSpec, DEFAULT_THREADS};
+use super::{fusermount, jail, pipes};
 use crate::{Options, Pool, DEFAULT_ID_SHIFT, ID_RANGE};
 
 /// The usage line.
@@ -145,7 +145,13 @@ pub fn run(args: Args) -> Result<()> {
     let config = mount_config(&MountSpec { image_id: &record.id, allow_other: root, threads: DEFAULT_THREADS });
     let fs = ImageFs::new(view, ids, OpenMode::NoOpen);
     let mount_err = |source| Error::Mount { mountpoint: args.mountpoint.clone(), source };
-    let session = Session::new(fs, &args.mountpoint, &config).map_err(mount_err)?;
+    let session = if root {
+        Session::new(fs, &args.mountpoint, &config).map_err(mount_err)?
+    } else {
+        let options = format!("ro,nosuid,nodev,default_permissions,fsname={},subtype=pvisor", fsname(&record.id));
+        let fd = fusermount::mount(&args.mountpoint, &options).map_err(mount_err)?;
+        Session::from_fd(fs, fd, SessionACL::Owner, config).map_err(mount_err)?
+    };
 
     jail::jail()?;
     if let Some(fd) = lifeline {
