@@ -33,36 +33,44 @@ pub fn command(
         cmd.arg("--cgroup").arg(serde_json::to_string(g).map_err(std::io::Error::other)?);
     }
     cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
-    // SAFETY: runs in the forked child before exec; only fcntl/dup2/close_range/setsid on fds
-    // that the parent keeps open until spawn returns.
+    pass_fds(&mut cmd, fds);
+    Ok(cmd)
+}
+
+/// Makes the child of `cmd` get `fds` (fds of the calling process, which must
+/// stay open until spawn returns) as fds 3, 4, ... in that order, marks every
+/// fd above them close-on-exec (nothing else of the caller's crosses over,
+/// fds it inherited from its own parent included) and gives the child a
+/// session of its own (no controlling terminal shared with the operator).
+pub fn pass_fds<const N: usize>(cmd: &mut Command, fds: [RawFd; N]) {
+    const FIRST: RawFd = 3;
+    // SAFETY: runs in the forked child before exec; only fcntl/dup2/
+    // close_range/setsid on fds that the parent keeps open until spawn returns.
     unsafe {
         cmd.pre_exec(move || {
-            let mut tmp = [0; 3];
+            // Out of the way first, so no target overwrites a later source.
+            let mut tmp = [0; N];
             for (t, fd) in tmp.iter_mut().zip(fds) {
-                *t = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
+                *t = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, FIRST + N as RawFd + 10);
                 if *t < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            for (t, target) in tmp.into_iter().zip([LISTEN_FD, LIFELINE_FD, CONFIG_FD]) {
-                if libc::dup2(t, target) < 0 {
+            for (i, t) in tmp.into_iter().enumerate() {
+                if libc::dup2(t, FIRST + i as RawFd) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            // Nothing else of the broker's crosses over (fds it inherited
-            // from its own parent included).
-            if libc::syscall(libc::SYS_close_range, CONFIG_FD + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
+            let above = (FIRST + N as RawFd) as libc::c_uint;
+            if libc::syscall(libc::SYS_close_range, above, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // A session of its own: no controlling terminal shared with the
-            // broker's operator.
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    Ok(cmd)
 }
 
 /// Hands a waiting worker its configuration.

@@ -9,7 +9,6 @@
 //! to go (lifeline closed) and their mounts detached.
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -20,7 +19,8 @@ use pvisor_images::ImageRecord;
 use pvisor_worker::cgroup::{GroupPaths, Layout, SANDBOX_LEAF};
 use pvisor_worker::config::{IdMap, Limits};
 
-/// fds of a server: `ready` (it writes "ready\n" once mounted) and `lifeline`.
+/// fds of a server (as `pass_fds` places them): `ready` (it writes "ready\n"
+/// once mounted) and `lifeline`.
 const READY_FD: RawFd = 3;
 const LIFELINE_FD: RawFd = 4;
 /// How long a server may take to mount.
@@ -145,32 +145,8 @@ impl ImageMounts {
         let log_path = self.log_dir.join(format!("imaged-{}.log", &hex[..16.min(hex.len())]));
         let log = std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
-        let fds = [ready_wr.as_raw_fd(), life_rd.as_raw_fd()];
-        // SAFETY: runs in the forked child before exec; only fcntl/dup2/
-        // close_range/setsid on fds the parent keeps open until spawn returns.
-        unsafe {
-            cmd.pre_exec(move || {
-                let mut tmp = [0; 2];
-                for (t, fd) in tmp.iter_mut().zip(fds) {
-                    *t = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
-                    if *t < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                for (t, target) in tmp.into_iter().zip([READY_FD, LIFELINE_FD]) {
-                    if libc::dup2(t, target) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                if libc::syscall(libc::SYS_close_range, LIFELINE_FD + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // The server's fds 3 and 4.
+        pvisor_worker::launch::pass_fds(&mut cmd, [ready_wr.as_raw_fd(), life_rd.as_raw_fd()]);
         let child = cmd.spawn().map_err(|e| format!("spawn {}: {e}", self.imaged_bin.display()))?;
         drop((ready_wr, life_rd));
         if let Some(g) = &cgroup {

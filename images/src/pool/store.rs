@@ -181,7 +181,18 @@ impl Store {
 
     /// Takes the store-wide lock (blocks until available).
     pub(crate) fn lock(&self) -> Result<Flock<File>> {
-        let path = self.root.join("lock");
+        self.lock_file("lock", FlockArg::LockExclusive)
+    }
+
+    /// Takes the gc lock: shared for imports and catalog readers,
+    /// exclusive for gc.
+    pub(crate) fn gc_lock(&self, exclusive: bool) -> Result<Flock<File>> {
+        self.lock_file("gc.lock", if exclusive { FlockArg::LockExclusive } else { FlockArg::LockShared })
+    }
+
+    /// Locks `root/<name>` (created if missing).
+    fn lock_file(&self, name: &str, how: FlockArg) -> Result<Flock<File>> {
+        let path = self.root.join(name);
         let f = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -190,7 +201,7 @@ impl Store {
             .mode(0o600)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
-        Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| Error::io(&path, e))
+        Flock::lock(f, how).map_err(|(_, e)| Error::io(&path, e))
     }
 
     /// Creates and locks a fresh directory under `tmp/`.
@@ -219,22 +230,6 @@ impl Store {
 
     pub(crate) fn image_dir(&self, id: &str) -> Result<PathBuf> {
         Ok(self.images.join(id_hex(id)?))
-    }
-
-    /// Takes the gc lock: shared for imports and catalog readers,
-    /// exclusive for gc.
-    pub(crate) fn gc_lock(&self, exclusive: bool) -> Result<Flock<File>> {
-        let path = self.root.join("gc.lock");
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        let how = if exclusive { FlockArg::LockExclusive } else { FlockArg::LockShared };
-        Flock::lock(f, how).map_err(|(_, e)| Error::io(&path, e))
     }
 
     /// Reads an image's metadata; None if the image is not in the store.
