@@ -48,11 +48,17 @@ pub struct ImageFs {
     view: ImageView,
     ids: IdMap,
     open_mode: OpenMode,
+    /// Whether any inode has an xattr. If none has, GETXATTR and LISTXATTR
+    /// are answered ENOSYS once and the kernel never asks again: every
+    /// exec's `security.capability` lookup and the overlay's xattr checks on
+    /// each lower directory would otherwise cost a round trip each.
+    has_xattrs: bool,
 }
 
 impl ImageFs {
     pub fn new(view: ImageView, ids: IdMap, open_mode: OpenMode) -> ImageFs {
-        ImageFs { view, ids, open_mode }
+        let has_xattrs = view.index().inodes.iter().any(|i| !i.xattrs.is_empty());
+        ImageFs { view, ids, open_mode, has_xattrs }
     }
 
     /// The open mode in effect (after `init`, what the kernel supports).
@@ -232,6 +238,9 @@ impl Filesystem for ImageFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if !self.has_xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         let value = match self.inode(ino) {
             Ok((_, inode)) => xattr::get(inode, name.as_bytes()),
             Err(e) => return reply.error(e),
@@ -245,6 +254,9 @@ impl Filesystem for ImageFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if !self.has_xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
         let names = match self.inode(ino) {
             Ok((_, inode)) => xattr::list(inode),
             Err(e) => return reply.error(e),

@@ -158,7 +158,22 @@ impl Catalog {
     /// The uncompressed bytes of a chunk.
     pub fn read(&self, loc: Location) -> io::Result<Vec<u8>> {
         let raw = self.read_raw(loc)?;
-        let out = zstd::bulk::decompress(&raw, loc.len as usize)?;
+        thread_local! {
+            // One decompression context per thread, reused: creating one
+            // costs about as much as decompressing a small chunk.
+            static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let out = DCTX.with(|d| -> io::Result<Vec<u8>> {
+            let mut d = d.borrow_mut();
+            if d.is_none() {
+                *d = Some(zstd::bulk::Decompressor::new()?);
+            }
+            match d.as_mut() {
+                Some(d) => d.decompress(&raw, loc.len as usize),
+                None => Err(io::Error::other("no decompressor")),
+            }
+        })?;
         if out.len() != loc.len as usize {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "chunk decompressed to the wrong length"));
         }
