@@ -179,6 +179,8 @@ def run(args) -> dict:
             log("tool workload on the host, in a plain copy of the image")
             root = host_copy(svc, work / "host-copy")
             res["tool_host"] = host_cold_warm(root, TOOL, args.imagefs_rounds, args.imagefs_warm)
+            log("python3 -c pass on the host, in the plain copy")
+            res["python_pass_host"] = host_cold_warm(root, "python3 -c pass", args.imagefs_rounds, args.imagefs_warm)
             rm_tree(root)
             res["creates"] = creates(svc, args.imagefs_creates)
         finally:
@@ -199,14 +201,22 @@ def targets(res: dict) -> list[str]:
     speed = imp["all four"]["mb_per_s"]
     slowest = min(v["mb_per_s"] for v in imp.values() if v["mb_per_s"] and v["layer_bytes"] > 10e6)
     pp, ts, th = res["python_pass"], res["tool_sandbox"], res["tool_host"]
+    ps, ph = res["python_pass_shared"], res["python_pass_host"]
     cr = res["creates"]["median_ms"]
     rows = [
         ("combined pool / four single-image pools", f"{combined / MiB:.1f} / {singles / MiB:.1f} MiB = "
          f"{combined / singles:.2f}", "≤ 0.75", combined / singles <= 0.75),
         ("import speed, all four (slowest image ≥ 10 MB)", f"{speed:.0f} MB/s ({slowest:.0f} MB/s)", "≥ 50 MB/s",
          min(speed, slowest) >= 50),
-        ("cold / warm `python3 -c pass`", f"{pp['cold_median_ms']:.1f} / {pp['warm_median_ms']:.1f} ms = "
-         f"{pp['cold_median_ms'] / pp['warm_median_ms']:.2f}", "≤ 2", pp['cold_median_ms'] <= 2 * pp['warm_median_ms']),
+        ("cold / warm `python3 -c pass`, fresh sandbox", f"{ps['cold_median_ms']:.1f} / {ps['warm_median_ms']:.1f} ms = "
+         f"{ps['cold_median_ms'] / ps['warm_median_ms']:.2f}", "≤ 2", ps['cold_median_ms'] <= 2 * ps['warm_median_ms']),
+        ("the same, first sandbox after a server start and a host cache drop",
+         f"{pp['cold_median_ms']:.1f} / {pp['warm_median_ms']:.1f} ms = {pp['cold_median_ms'] / pp['warm_median_ms']:.2f}"
+         f" (host copy, cache dropped: {ph['cold_median_ms'] / ph['warm_median_ms']:.2f})", "≤ 2",
+         pp['cold_median_ms'] <= 2 * pp['warm_median_ms']),
+        ("cold `python3 -c pass`, sandbox / host copy (both caches dropped)",
+         f"{pp['cold_median_ms']:.1f} / {ph['cold_median_ms']:.1f} ms = {pp['cold_median_ms'] / ph['cold_median_ms']:.2f}",
+         "≤ 1.5", pp['cold_median_ms'] <= 1.5 * ph['cold_median_ms']),
         ("tool workload sandbox / host, cold", f"{ts['cold_median_ms']:.0f} / {th['cold_median_ms']:.0f} ms = "
          f"{ts['cold_median_ms'] / th['cold_median_ms']:.2f}", "≤ 1.5", ts['cold_median_ms'] <= 1.5 * th['cold_median_ms']),
         ("tool workload sandbox / host, warm", f"{ts['warm_median_ms']:.0f} / {th['warm_median_ms']:.0f} ms = "
@@ -232,6 +242,7 @@ def report(res: dict, out) -> str:
               "| workload | cold (ms) | warm (ms) |", "|---|---:|---:|"]
     for key, label in (("python_pass", "`python3 -c pass`, sandbox (fresh server, host cache dropped)"),
                        ("python_pass_shared", "`python3 -c pass`, fresh sandbox of an image in use"),
+                       ("python_pass_host", "`python3 -c pass`, host: chroot into a plain copy (host cache dropped)"),
                        ("tool_sandbox", "tool workload, sandbox (fresh server, host cache dropped)"),
                        ("tool_host", "tool workload, host: chroot into a plain copy (host cache dropped)")):
         v = res[key]

@@ -4,6 +4,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use fuser::{
@@ -14,6 +15,7 @@ use fuser::{
 };
 
 use super::attr::{attr, file_type, fuse_ino, index_ino, negative, IdMap, TTL};
+use super::prefetch::Prefetch;
 use super::xattr::{self, Answer};
 use crate::pool::index::{Data, Ino, Inode};
 use crate::pool::view::ImageView;
@@ -45,7 +47,8 @@ pub enum OpenMode {
 /// One image, served read-only. Stateless beyond the view: file handles are unused (0) and
 /// inode lookup counts are not tracked, since every inode lives as long as the image.
 pub struct ImageFs {
-    view: ImageView,
+    view: Arc<ImageView>,
+    prefetch: Prefetch,
     ids: IdMap,
     open_mode: OpenMode,
     /// Whether any inode has an xattr. If none has, GETXATTR and LISTXATTR
@@ -58,7 +61,13 @@ pub struct ImageFs {
 impl ImageFs {
     pub fn new(view: ImageView, ids: IdMap, open_mode: OpenMode) -> ImageFs {
         let has_xattrs = view.index().inodes.iter().any(|i| !i.xattrs.is_empty());
-        ImageFs { view, ids, open_mode, has_xattrs }
+        let prefetch = Prefetch::new(view.index().inodes.len());
+        ImageFs { view: Arc::new(view), prefetch, ids, open_mode, has_xattrs }
+    }
+
+    /// What [`super::prefetch::start`] needs once the session is mounted.
+    pub fn prefetch_parts(&self) -> (Arc<std::sync::OnceLock<std::sync::mpsc::SyncSender<Ino>>>, Arc<ImageView>) {
+        (self.prefetch.slot(), self.view.clone())
     }
 
     /// The open mode in effect (after `init`, what the kernel supports).
@@ -187,7 +196,12 @@ impl Filesystem for ImageFs {
         reply: ReplyData,
     ) {
         match self.read_file(ino, offset, size) {
-            Ok(data) => reply.data(&data),
+            Ok(data) => {
+                reply.data(&data);
+                if let Some(i) = index_ino(ino) {
+                    self.prefetch.first_read(&self.view, i, offset + data.len() as u64);
+                }
+            }
             Err(e) => reply.error(e),
         }
     }

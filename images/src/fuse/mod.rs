@@ -20,6 +20,7 @@ mod fusermount;
 pub mod jail;
 mod mount;
 mod pipes;
+mod prefetch;
 pub mod server;
 mod xattr;
 

@@ -38,7 +38,7 @@ use super::attr::IdMap;
 use super::error::{Error, Result};
 use super::fs::{ImageFs, OpenMode};
 use super::mount::{fsname, mount_config, MountSpec, DEFAULT_THREADS};
-use super::{fusermount, jail, pipes};
+use super::{fusermount, jail, pipes, prefetch};
 use crate::{Options, Pool, DEFAULT_ID_SHIFT, ID_RANGE};
 
 /// The usage line.
@@ -144,6 +144,7 @@ pub fn run(args: Args) -> Result<()> {
     let root = nix::unistd::geteuid().is_root();
     let config = mount_config(&MountSpec { image_id: &record.id, allow_other: root, threads: DEFAULT_THREADS });
     let fs = ImageFs::new(view, ids, OpenMode::NoOpen);
+    let (prefetch_slot, prefetch_view) = fs.prefetch_parts();
     let mount_err = |source| Error::Mount { mountpoint: args.mountpoint.clone(), source };
     let session = if root {
         Session::new(fs, &args.mountpoint, &config).map_err(mount_err)?
@@ -153,6 +154,7 @@ pub fn run(args: Args) -> Result<()> {
         Session::from_fd(fs, fd, SessionACL::Owner, config).map_err(mount_err)?
     };
 
+    prefetch::start(&prefetch_slot, prefetch_view, session.notifier()).map_err(Error::Serve)?;
     jail::jail()?;
     if let Some(fd) = lifeline {
         pipes::watch_lifeline(fd)?;
