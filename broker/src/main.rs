@@ -44,7 +44,7 @@ enum Cmd {
         #[arg(long)]
         allow_no_cgroups: bool,
         /// Pull an image from its registry when a create names one the pool lacks
-        /// (credentials: the request's `image.auth`, else PVISOR_REGISTRY_USER/PASSWORD).
+        /// (with the request's `image.auth`, if any).
         #[arg(long)]
         allow_pull: bool,
         /// Workers started ahead of demand, so a create does not wait for one.

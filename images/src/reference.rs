@@ -2,7 +2,7 @@
 //!
 //! Names are stored in their short, familiar form: `busybox:latest`,
 //! `foo/bar:1.0`, `ghcr.io/org/img:v1`. Docker Hub spellings
-//! (`docker.io/library/busybox`, `index.docker.io/foo/bar`, `library/busybox`)
+//! (`docker.io/library/busybox`, `index.docker.io/foo/bar`, `registry-1.docker.io/x/y`, `library/busybox`)
 //! collapse onto that form, and a missing tag means `latest`.
 
 use crate::error::{Error, Result};
@@ -56,7 +56,7 @@ pub fn normalize_name(reference: &str) -> Result<String> {
             "invalid repository name (lowercase letters, digits and separators '.', '_', '__', '-' only)",
         ));
     }
-    let is_hub = matches!(domain, None | Some("docker.io" | "index.docker.io"));
+    let is_hub = matches!(domain, None | Some("docker.io" | "index.docker.io" | "registry-1.docker.io"));
     let path = if is_hub && components.len() == 2 && components[0] == "library" { components[1] } else { path };
     let name = match domain {
         Some(d) if !is_hub => format!("{d}/{path}"),
@@ -191,6 +191,7 @@ mod tests {
             ("docker.io/library/busybox:latest", "busybox:latest"),
             ("docker.io/busybox", "busybox:latest"),
             ("index.docker.io/library/busybox:musl", "busybox:musl"),
+            ("registry-1.docker.io/library/alpine:3", "alpine:3"),
             ("docker.io/foo/bar", "foo/bar:latest"),
             ("foo/bar:v1", "foo/bar:v1"),
             ("library/foo/bar", "library/foo/bar:latest"),

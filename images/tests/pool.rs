@@ -889,3 +889,30 @@ fn import_survives_being_killed() {
     assert_files(&pool, &rec, &archive.files);
     assert_pool_clean(&root, false);
 }
+
+/// Many small imports make many small packs; gc merges them into one (every
+/// reader holds every pack open, so their number must stay bounded), and
+/// every image still reads back.
+#[test]
+fn gc_merges_small_packs() {
+    let env = Env::new();
+    let pool = env.pool();
+    let mut images = Vec::new();
+    for i in 0..10 {
+        let data = format!("image {i} ").repeat(100 + i).into_bytes();
+        let path = env.archive(
+            &format!("s{i}.tar"),
+            &docker_image(&format!("s{i}:1"), "/x", vec![plain(LayerBuilder::new().file("x", &data, 0o644))]),
+        );
+        images.push((pool.import(&path).unwrap().remove(0), data));
+    }
+    let packs_before = catalog(pool.root()).packs.len();
+    assert!(packs_before >= 10, "{packs_before} packs");
+    let report = pool.gc().unwrap();
+    assert_eq!(report.packs_merged, packs_before, "{report:?}");
+    assert_eq!(catalog(pool.root()).packs.len(), 1);
+    for (rec, data) in &images {
+        assert_eq!(&pool.view(rec).unwrap().read_path("x").unwrap(), data);
+    }
+    assert_eq!(pool.du().unwrap().unreferenced_bytes, 0);
+}

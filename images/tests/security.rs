@@ -310,3 +310,29 @@ fn outer_archive_absurd_member_size_refused() {
     assert_eq!(packs_snapshot(&env.root), packs);
     env.assert_store_clean();
 }
+
+/// A one-file layer whose path may be long (GNU long-name entries).
+fn long_name_layer(path: &str, data: &[u8]) -> Layer {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    b.append_data(&mut h, path, data).unwrap();
+    Layer::new(b.into_inner().unwrap(), Comp::Plain)
+}
+
+/// Paths past PATH_MAX are refused (their cost is bounded: an entry of
+/// depth d costs O(d)); deep paths within it import.
+#[test]
+fn overlong_paths_refused_deep_paths_fine() {
+    let deep = "a/".repeat(1900) + "f";
+    let (env, pool) = seeded();
+    let path = env.archive("deep.tar", &docker_image("deep:1", vec![long_name_layer(&deep, b"d")]));
+    let rec = pool.import(&path).unwrap().remove(0);
+    assert_eq!(read(&pool, &rec, &deep), b"d");
+
+    let too_long = "a/".repeat(2100) + "f";
+    let err = refused_layers(vec![long_name_layer(&too_long, b"x")]);
+    assert_unsafe(&err, "a/a/a/");
+    assert!(err.to_string().contains("longer than 4096"), "{err}");
+}

@@ -93,13 +93,12 @@ async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pvisor_im
         Err(pvisor_images::Error::NotFound(_)) if ctx.allow_pull => {}
         Err(e) => return Err(not_found(&e)),
     }
+    // Only the request's own credentials: the server's would go to whatever
+    // registry a request names.
     let mut opts = pvisor_images::registry::PullOptions::default();
     if let Some(a) = &image.auth {
         opts.username = a.username.clone();
         opts.password = a.password.clone();
-    } else {
-        opts.username = std::env::var("PVISOR_REGISTRY_USER").ok();
-        opts.password = std::env::var("PVISOR_REGISTRY_PASSWORD").ok();
     }
     let (c, uri) = (ctx.clone(), image.uri.clone());
     let pulled = tokio::task::spawn_blocking(move || c.images.pull(&uri, &opts, &mut |_| {}))
@@ -111,7 +110,8 @@ async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pvisor_im
             use pvisor_images::registry::RegistryError as R;
             let (status, code) = match &e {
                 R::NotFound { .. } => (StatusCode::NOT_FOUND, "IMAGE_NOT_FOUND"),
-                R::Unauthorized { .. } => (StatusCode::UNAUTHORIZED, "IMAGE_PULL_UNAUTHORIZED"),
+                // Not 401: that would read as a bad API key for this server.
+                R::Unauthorized { .. } => (StatusCode::BAD_GATEWAY, "IMAGE_PULL_UNAUTHORIZED"),
                 R::InvalidReference { .. } | R::NoMatchingPlatform { .. } => {
                     (StatusCode::BAD_REQUEST, "IMAGE_PULL_FAILED")
                 }

@@ -121,10 +121,11 @@ pub fn gc(pool: &Pool, json: bool) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
     } else {
         println!(
-            "removed {} chunks ({} packs deleted, {} rewritten), kept {}; {:.1} → {:.1} MiB",
+            "removed {} chunks ({} packs deleted, {} rewritten, {} merged), kept {}; {:.1} → {:.1} MiB",
             r.chunks_removed,
             r.packs_removed,
             r.packs_rewritten,
+            r.packs_merged,
             r.chunks_kept,
             mib(r.allocated_before),
             mib(r.allocated_after)

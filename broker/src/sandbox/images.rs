@@ -48,8 +48,11 @@ pub struct ImageMounts {
     ids: IdMap,
     cgroups: Option<Layout>,
     cgroup_prefix: String,
-    servers: Mutex<HashMap<String, Server>>,
+    /// One slot per image, locked while its server is checked or started.
+    servers: Mutex<HashMap<String, Slot>>,
 }
+
+type Slot = std::sync::Arc<Mutex<Option<Server>>>;
 
 fn hex_of(id: &str) -> &str {
     id.strip_prefix("sha256:").unwrap_or(id)
@@ -99,22 +102,27 @@ impl ImageMounts {
         })
     }
 
-    /// The mounted image, starting its server if none runs. Blocking.
+    /// The mounted image, starting its server if none runs. Blocking; a
+    /// slow start holds up only creates of the same image.
     pub fn ensure(&self, image: &ImageRecord) -> Result<PathBuf, String> {
-        let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = servers.get_mut(&image.id) {
+        let slot = {
+            let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+            servers.entry(image.id.clone()).or_default().clone()
+        };
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = slot.as_mut() {
             match s.child.try_wait() {
                 Ok(None) => return Ok(s.mountpoint.clone()),
                 Ok(Some(status)) => tracing::warn!(image = %image.id, "image server exited ({status}); restarting"),
                 Err(e) => tracing::warn!(image = %image.id, "image server: {e}; restarting"),
             }
-            if let Some(old) = servers.remove(&image.id) {
+            if let Some(old) = slot.take() {
                 stop(old);
             }
         }
         let server = self.start(image)?;
         let mp = server.mountpoint.clone();
-        servers.insert(image.id.clone(), server);
+        *slot = Some(server);
         Ok(mp)
     }
 
@@ -178,9 +186,11 @@ impl ImageMounts {
 
     /// Stops every server and detaches its mount.
     pub fn shutdown(&self) {
-        let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, s) in servers.drain() {
-            stop(s);
+        let slots: Vec<Slot> = self.servers.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, s)| s).collect();
+        for slot in slots {
+            if let Some(s) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                stop(s);
+            }
         }
     }
 }

@@ -154,8 +154,10 @@ pub fn run(args: Args) -> Result<()> {
         Session::from_fd(fs, fd, SessionACL::Owner, config).map_err(mount_err)?
     };
 
-    prefetch::start(&prefetch_slot, prefetch_view, session.notifier()).map_err(Error::Serve)?;
     jail::jail()?;
+    // After the jail: capabilities are per thread, so a thread started now
+    // has none (and seccomp applies to it as to every thread).
+    prefetch::start(&prefetch_slot, prefetch_view, session.notifier()).map_err(Error::Serve)?;
     if let Some(fd) = lifeline {
         pipes::watch_lifeline(fd)?;
     }

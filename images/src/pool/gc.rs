@@ -11,6 +11,10 @@ use super::pack::{cat_path, pack_path, Catalog, PackWriter};
 use super::Pool;
 use crate::error::{Error, Result};
 
+/// Packs smaller than this are merged by gc once there are [`MERGE_AT`] of them.
+const MERGE_BELOW: u64 = 16 << 20;
+const MERGE_AT: usize = 8;
+
 /// What [`Pool::gc`] did.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct GcReport {
@@ -18,6 +22,8 @@ pub struct GcReport {
     pub packs_removed: usize,
     /// Packs rewritten without their unreferenced chunks.
     pub packs_rewritten: usize,
+    /// Small packs merged into one.
+    pub packs_merged: usize,
     pub chunks_removed: u64,
     pub chunks_kept: u64,
     /// Allocated bytes before and after.
@@ -118,6 +124,12 @@ impl Pool {
         let catalog = Catalog::load(&self.store.packs)?;
         // A chunk is kept once, in the first pack (by name) that has it.
         let mut placed: HashMap<[u8; 32], ()> = HashMap::new();
+        // Small packs (one per small import) are merged into one, so the
+        // number of packs (files every reader holds open) stays bounded.
+        let small = |p: &super::pack::Pack| p.size < MERGE_BELOW;
+        let merge = catalog.packs.iter().filter(|p| small(p)).count() >= MERGE_AT;
+        let mut merged: Option<PackWriter> = None;
+        let mut merged_away = Vec::new();
         for pack in &catalog.packs {
             let keep: Vec<_> =
                 pack.entries.iter().filter(|e| live.contains(&e.digest) && !placed.contains_key(&e.digest)).collect();
@@ -126,11 +138,11 @@ impl Pool {
             }
             report.chunks_kept += keep.len() as u64;
             report.chunks_removed += (pack.entries.len() - keep.len()) as u64;
-            if keep.len() == pack.entries.len() {
+            let into_merged = merge && small(pack);
+            if keep.len() == pack.entries.len() && !into_merged {
                 continue;
             }
-            if !keep.is_empty() {
-                let mut w = PackWriter::create(&self.store.tmp)?;
+            let copy = |w: &mut PackWriter| -> Result<()> {
                 for e in &keep {
                     let mut raw = vec![0u8; e.clen as usize];
                     pack.file
@@ -138,18 +150,48 @@ impl Pool {
                         .map_err(|err| Error::io(pack_path(&self.store.packs, &pack.name), err))?;
                     w.append(e.digest, &raw, e.len)?;
                 }
+                Ok(())
+            };
+            if into_merged {
+                if merged.is_none() {
+                    merged = Some(PackWriter::create(&self.store.tmp)?);
+                }
+                if let Some(w) = merged.as_mut() {
+                    copy(w)?;
+                }
+                // Deleted only once the merged pack is published.
+                merged_away.push(pack.name.clone());
+                continue;
+            }
+            if !keep.is_empty() {
+                let mut w = PackWriter::create(&self.store.tmp)?;
+                copy(&mut w)?;
                 w.publish(&self.store.packs)?;
                 report.packs_rewritten += 1;
             } else {
                 report.packs_removed += 1;
             }
-            // Catalog first: a pack without a catalog is a leftover anyway.
-            for p in [cat_path(&self.store.packs, &pack.name), pack_path(&self.store.packs, &pack.name)] {
-                fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+            self.delete_pack(&pack.name)?;
+        }
+        if let Some(w) = merged {
+            if !w.is_empty() {
+                w.publish(&self.store.packs)?;
+            }
+            report.packs_merged = merged_away.len();
+            for name in merged_away {
+                self.delete_pack(&name)?;
             }
         }
         report.allocated_after = allocated(&self.store.root)?;
         Ok(report)
+    }
+
+    /// Deletes a pack, catalog first (a pack without a catalog is a leftover anyway).
+    fn delete_pack(&self, name: &str) -> Result<()> {
+        for p in [cat_path(&self.store.packs, name), pack_path(&self.store.packs, name)] {
+            fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+        }
+        Ok(())
     }
 
     /// Disk usage of the pool and of each image.

@@ -39,6 +39,17 @@ pub struct FileContent {
     pub spooled: Option<u64>,
 }
 
+/// Readers hold every pack open: raise the soft open-file limit to the hard
+/// one (best effort; gc also merges small packs to keep their number down).
+fn raise_nofile_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
+}
+
 pub(crate) fn unique_name() -> String {
     store::unique_name("p")
 }
@@ -69,6 +80,7 @@ impl Pool {
         if !(1..=22).contains(&options.level) {
             return Err(Error::Options(format!("zstd level {} is not in 1..=22", options.level)));
         }
+        raise_nofile_limit();
         Ok(Pool { store: Store::open(root)?, options, mutex: Mutex::new(()) })
     }
 

@@ -8,8 +8,8 @@
 mod flatten;
 mod node;
 mod resolve;
+mod touched;
 
-use std::collections::HashSet;
 use std::io::{self, Read};
 
 use tar::EntryType;
@@ -20,6 +20,7 @@ use crate::pool::index::{Inode, Xattr, S_IFBLK, S_IFCHR};
 use crate::pool::FileContent;
 use node::{Kind, Meta, Node, NodeId, Nodes, ROOT};
 use resolve::{clean, resolve_dir, ResolveError};
+use touched::Touched;
 
 /// Ids inside the image must be below this (one user namespace range).
 pub(crate) const ID_RANGE: u64 = 65536;
@@ -29,6 +30,10 @@ const MAX_SPECIAL_DATA: u64 = 1 << 20;
 const MAX_NODES: usize = 8 << 20;
 /// Longest file name (as Linux's NAME_MAX).
 const MAX_NAME: usize = 255;
+/// Longest path (as Linux's PATH_MAX).
+const MAX_PATH: usize = 4096;
+/// Largest xattr value (as Linux's XATTR_SIZE_MAX) and most xattr bytes per entry.
+const MAX_XATTR: usize = 64 << 10;
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 const XATTR_PAX_PREFIX: &str = "SCHILY.xattr.";
@@ -86,7 +91,7 @@ impl TreeBuilder {
         let mut entries = archive.entries().map_err(|e| Error::bad(None, format!("layer {layer}: {e}")))?;
         // Paths (and their parents) created or kept by this layer: an opaque
         // marker removes everything else in its directory.
-        let mut touched: HashSet<Vec<Vec<u8>>> = HashSet::new();
+        let mut touched = Touched::default();
         loop {
             budget.limit(EXTENSION_BUDGET);
             let next = entries.next();
@@ -119,7 +124,7 @@ impl TreeBuilder {
         raw_path: &[u8],
         ctx: &Ctx<'_>,
         plain_size: Option<u64>,
-        touched: &mut HashSet<Vec<Vec<u8>>>,
+        touched: &mut Touched,
         sink: &mut dyn ContentSink,
     ) -> Result<()> {
         let size = entry.size();
@@ -142,6 +147,9 @@ impl TreeBuilder {
         if comps.iter().any(|c| c.len() > MAX_NAME) {
             return Err(ctx.bad(format!("a path component is longer than {MAX_NAME} bytes")));
         }
+        if raw_path.len() > MAX_PATH {
+            return Err(ctx.unsafe_(format!("the path is longer than {MAX_PATH} bytes")));
+        }
         let kind = entry.header().entry_type();
 
         if let Some(last) = comps.last() {
@@ -149,7 +157,7 @@ impl TreeBuilder {
                 drain_special(entry, ctx)?;
                 let parent = &comps[..comps.len() - 1];
                 if last == OPAQUE_MARKER {
-                    mark_touched(touched, parent);
+                    touched.mark(parent);
                     return self.opaque(parent, touched, ctx);
                 }
                 if last.starts_with(b".wh..wh.") {
@@ -176,12 +184,12 @@ impl TreeBuilder {
         match kind {
             EntryType::Directory => {
                 let meta = meta()?;
-                mark_touched(touched, &comps);
+                touched.mark(&comps);
                 self.make_dir(&comps, meta, ctx)?;
             }
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 let meta = meta()?;
-                mark_touched(touched, &comps);
+                touched.mark(&comps);
                 let Some(name) = comps.last() else {
                     return Err(ctx.bad("a file entry cannot replace the image root"));
                 };
@@ -196,7 +204,7 @@ impl TreeBuilder {
             }
             EntryType::Symlink => {
                 let meta = meta()?;
-                mark_touched(touched, &comps);
+                touched.mark(&comps);
                 let target = entry
                     .link_name_bytes()
                     .map(|t| t.into_owned())
@@ -213,7 +221,7 @@ impl TreeBuilder {
                 self.put(parent, name, Node { meta, kind: Kind::Symlink(target) });
             }
             EntryType::Link => {
-                mark_touched(touched, &comps);
+                touched.mark(&comps);
                 let target = entry
                     .link_name_bytes()
                     .map(|t| t.into_owned())
@@ -222,7 +230,7 @@ impl TreeBuilder {
             }
             EntryType::Char | EntryType::Block | EntryType::Fifo => {
                 let meta = meta()?;
-                mark_touched(touched, &comps);
+                touched.mark(&comps);
                 let Some(name) = comps.last() else {
                     return Err(ctx.bad("a device node cannot replace the image root"));
                 };
@@ -313,22 +321,23 @@ impl TreeBuilder {
     }
 
     /// `.wh..wh..opq`: remove everything in `dir` that this layer did not create.
-    fn opaque(&mut self, dir: &[Vec<u8>], touched: &HashSet<Vec<Vec<u8>>>, ctx: &Ctx<'_>) -> Result<()> {
+    fn opaque(&mut self, dir: &[Vec<u8>], touched: &Touched, ctx: &Ctx<'_>) -> Result<()> {
         // The directory exists in this layer, even if no entry said so.
         let id = resolve_dir(&mut self.nodes, dir, true).map_err(|e| ctx.resolve(e))?;
-        let mut stack = vec![(dir.to_vec(), id)];
+        // The marker marked `dir` itself, so it has an id.
+        let Some(dir_id) = touched.find(dir) else { return Ok(()) };
+        let mut stack = vec![(dir_id, id)];
         while let Some((path, id)) = stack.pop() {
             let Some(children) = self.nodes.children(id) else { continue };
             let mut doomed = Vec::new();
             for (name, &child) in children {
-                let mut child_path = path.clone();
-                child_path.push(name.clone());
-                if touched.contains(&child_path) {
-                    if self.nodes.get(child).is_dir() {
-                        stack.push((child_path, child));
+                match touched.child(path, name) {
+                    Some(child_path) => {
+                        if self.nodes.get(child).is_dir() {
+                            stack.push((child_path, child));
+                        }
                     }
-                } else {
-                    doomed.push(name.clone());
+                    None => doomed.push(name.clone()),
                 }
             }
             if let Some(children) = self.nodes.children_mut(id) {
@@ -357,13 +366,6 @@ impl<R: Read> Read for CountingReader<'_, R> {
         let n = self.inner.read(buf)?;
         self.n += n as u64;
         Ok(n)
-    }
-}
-
-/// Marks `comps` and all its ancestors as belonging to the current layer.
-fn mark_touched(touched: &mut HashSet<Vec<Vec<u8>>>, comps: &[Vec<u8>]) {
-    for i in 1..=comps.len() {
-        touched.insert(comps[..i].to_vec());
     }
 }
 
@@ -411,6 +413,10 @@ fn entry_meta<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Meta> {
     }
     meta.xattrs.sort_by(|a, b| a.name.cmp(&b.name));
     meta.xattrs.dedup_by(|a, b| a.name == b.name);
+    let total: usize = meta.xattrs.iter().map(|x| x.name.len() + x.value.len()).sum();
+    if total > MAX_XATTR {
+        return Err(io::Error::other(format!("extended attributes of over {MAX_XATTR} bytes")));
+    }
     Ok(meta)
 }
 
