@@ -99,8 +99,13 @@ enum ImageCmd {
         #[arg(long)]
         json: bool,
     },
-    /// List images (asks the daemon).
-    Ls(ServerArg),
+    /// List the pool's images.
+    Ls {
+        #[command(flatten)]
+        pool: PoolArgs,
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove image names or ids from the pool, then collect garbage.
     Rm {
         #[arg(required = true)]
@@ -167,7 +172,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             &registry,
             cli::image::Output::detect(json),
         )?,
-        Cmd::Image { cmd: ImageCmd::Ls(s) } => cli::image_ls(&cli::client::Client::new(&s.server)).await?,
+        Cmd::Image { cmd: ImageCmd::Ls { pool, json } } => cli::image::ls(&cli::image::pool(pool.data_dir)?, json)?,
         Cmd::Image { cmd: ImageCmd::Rm { references, pool, no_gc } } => {
             cli::image::rm(&cli::image::pool(pool.data_dir)?, &references, no_gc)?
         }

@@ -108,6 +108,9 @@ def test_import_progress_json_and_refusals_leave_the_pool_unchanged(srv, tmp_pat
     out = pool(srv, "import", images_dir() / "busybox.tar", "--json").stdout
     events = [json.loads(l) for l in out.splitlines()]
     assert events[-1]["event"] == "done" and events[-1]["reused"] is True, events
+    listed = json.loads(pool(srv, "ls", "--json").stdout)
+    assert sorted(n for i in listed for n in i["names"]) == sorted([BUSYBOX, PYTHON, TOOLS]), listed
+    assert all(i["size_bytes"] > 0 and i["id"].startswith("sha256:") for i in listed)
     before = json.loads(pool(srv, "du", "--json").stdout)
     bad = tmp_path / "truncated.tar"
     data = (images_dir() / "python-3.11-slim.tar").read_bytes()

@@ -83,6 +83,24 @@ pub fn import(pool: &Pool, files: &[PathBuf], out: Output) -> Result<(), String>
     Ok(())
 }
 
+/// `pvisor image ls`: the pool's images, read from disk (no daemon needed).
+pub fn ls(pool: &Pool, json: bool) -> Result<(), String> {
+    let list = pool.list().map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list).unwrap_or_default());
+        return Ok(());
+    }
+    println!("{:<44} {:<14} {:>10}  IMPORTED", "NAME", "ID", "FILES MiB");
+    for i in &list {
+        let id = i.id.trim_start_matches("sha256:");
+        let names = if i.names.is_empty() { vec!["<none>".to_string()] } else { i.names.clone() };
+        for n in names {
+            println!("{:<44} {:<14} {:>10.1}  {}", n, &id[..12.min(id.len())], mib(i.size_bytes), i.imported_at);
+        }
+    }
+    Ok(())
+}
+
 /// `pvisor image du`
 pub fn du(pool: &Pool, json: bool) -> Result<(), String> {
     let r = pool.du().map_err(|e| e.to_string())?;
