@@ -47,6 +47,10 @@ enum Cmd {
         /// (with the request's `image.auth`, if any).
         #[arg(long)]
         allow_pull: bool,
+        /// Stop an image's server once no sandbox has used it for this many
+        /// seconds (releasing the pack files it holds open).
+        #[arg(long, default_value_t = 300)]
+        image_idle_secs: u64,
         /// Workers started ahead of demand, so a create does not wait for one.
         #[arg(long, default_value_t = 2)]
         warm_workers: usize,
@@ -148,6 +152,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             imaged_bin,
             allow_no_cgroups,
             allow_pull,
+            image_idle_secs,
             warm_workers,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
@@ -159,6 +164,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 imaged_bin,
                 allow_no_cgroups,
                 allow_pull,
+                image_idle: std::time::Duration::from_secs(image_idle_secs),
                 warm_workers,
             })
             .await?;

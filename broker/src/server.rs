@@ -32,6 +32,8 @@ pub struct Ctx {
     pub mounts: ImageMounts,
     /// Pull images missing from the pool when a create names them.
     pub allow_pull: bool,
+    /// An image server no sandbox used for this long is stopped.
+    pub image_idle: std::time::Duration,
     /// Prefix of this broker's cgroup names (see [`cgroup_prefix`]).
     pub cgroup_prefix: String,
 }
@@ -44,6 +46,7 @@ pub struct ServeOptions {
     pub imaged_bin: Option<PathBuf>,
     pub allow_no_cgroups: bool,
     pub allow_pull: bool,
+    pub image_idle: std::time::Duration,
     /// Warm workers kept ready for creates.
     pub warm_workers: usize,
 }
@@ -263,6 +266,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         pool: Pool::new(o.warm_workers),
         mounts,
         allow_pull: o.allow_pull,
+        image_idle: o.image_idle,
         cgroup_prefix,
     })
 }

@@ -228,3 +228,27 @@ def test_create_pulls_a_missing_image_when_allowed(registry, pull_srv, srv):
     assert r.status_code == 404 and r.json()["code"] == "IMAGE_NOT_FOUND", r.text
     r = create(srv.url, uri, {"username": "alice", "password": "s3cret"})
     assert r.status_code == 404 and r.json()["code"] == "IMAGE_NOT_FOUND", r.text
+
+
+def test_an_idle_image_server_is_stopped_and_started_again(tmp_path_factory):
+    s = _start_server(tmp_path_factory, "pvisor-idle", ["busybox.tar"], {}, ["--image-idle-secs", "1"])
+    try:
+        conn = _make_conn(s.addr)
+        sb = SandboxSync.create(BUSYBOX, connection_config=conn, resource=SMALL)
+        assert run(sb, "busybox echo one") == "one"
+        time.sleep(1.5)
+        assert len(children(s.proc.pid, "pvisor-imaged")) == 1, "in use: kept however long"
+        sb.kill()
+        deadline = time.monotonic() + 10
+        while children(s.proc.pid, "pvisor-imaged") or image_mounts(s.data_dir):
+            assert time.monotonic() < deadline, "the idle image server was not stopped"
+            time.sleep(0.1)
+        # Its packs are closed now, and the next create starts a new server.
+        sb = SandboxSync.create(BUSYBOX, connection_config=conn, resource=SMALL)
+        try:
+            assert run(sb, "busybox echo two") == "two"
+            assert len(children(s.proc.pid, "pvisor-imaged")) == 1
+        finally:
+            sb.kill()
+    finally:
+        s.stop()

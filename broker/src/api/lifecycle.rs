@@ -185,6 +185,7 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         "user": cfg.user,
         "entrypoint": entrypoint,
     });
+    let image_id = record.id.clone();
     let c = ctx.clone();
     let image_root = tokio::task::spawn_blocking(move || c.mounts.ensure(&record))
         .await
@@ -194,8 +195,10 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     let (runtime, child) = launch::launch(&ctx, &spec).await?;
     let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
     let log = runtime.log.clone();
-    let entry =
-        Arc::new(SandboxEntry::new(id, new_token(), image.uri.clone(), entrypoint, expires_at, metadata, runtime));
+    let entry = Arc::new(
+        SandboxEntry::new(id, new_token(), image.uri.clone(), entrypoint, expires_at, metadata, runtime)
+            .with_image_id(image_id),
+    );
     ctx.registry.insert(entry.clone());
     launch::monitor(entry.clone(), child, log);
     tracing::info!(sandbox = %entry.id, image = %entry.image_uri, "created");

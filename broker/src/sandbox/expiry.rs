@@ -1,4 +1,5 @@
-//! Deletes sandboxes whose timeout has passed.
+//! Deletes sandboxes whose timeout has passed, and stops image servers no
+//! sandbox has used for a while.
 use crate::server::Ctx;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,10 @@ pub fn spawn(ctx: Arc<Ctx>) {
                 tracing::info!(sandbox = %e.id, "expired");
                 super::teardown::teardown(&e).await;
             }
+            let in_use = ctx.registry.list().into_iter().map(|e| e.image_id.clone()).collect();
+            let c = ctx.clone();
+            // Stopping a server waits for it (briefly): off the async threads.
+            let _ = tokio::task::spawn_blocking(move || c.mounts.reap(&in_use, c.image_idle)).await;
         }
     });
 }

@@ -7,12 +7,12 @@
 //! broker runs. A server that died is replaced at the next create of its
 //! image (its stale mount is detached first). At shutdown, servers are told
 //! to go (lifeline closed) and their mounts detached.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
 use pvisor_images::ImageRecord;
@@ -52,7 +52,21 @@ pub struct ImageMounts {
     servers: Mutex<HashMap<String, Slot>>,
 }
 
-type Slot = std::sync::Arc<Mutex<Option<Server>>>;
+type Slot = std::sync::Arc<Mutex<SlotState>>;
+
+/// An image's server, if running, and when a sandbox last used it.
+struct SlotState {
+    server: Option<Server>,
+    last_used: Instant,
+    /// Taken out of the map by [`ImageMounts::reap`]: look the image up again.
+    retired: bool,
+}
+
+impl Default for SlotState {
+    fn default() -> Self {
+        SlotState { server: None, last_used: Instant::now(), retired: false }
+    }
+}
 
 fn hex_of(id: &str) -> &str {
     id.strip_prefix("sha256:").unwrap_or(id)
@@ -105,25 +119,64 @@ impl ImageMounts {
     /// The mounted image, starting its server if none runs. Blocking; a
     /// slow start holds up only creates of the same image.
     pub fn ensure(&self, image: &ImageRecord) -> Result<PathBuf, String> {
-        let slot = {
-            let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
-            servers.entry(image.id.clone()).or_default().clone()
-        };
-        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = slot.as_mut() {
-            match s.child.try_wait() {
-                Ok(None) => return Ok(s.mountpoint.clone()),
-                Ok(Some(status)) => tracing::warn!(image = %image.id, "image server exited ({status}); restarting"),
-                Err(e) => tracing::warn!(image = %image.id, "image server: {e}; restarting"),
+        loop {
+            let slot = {
+                let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+                servers.entry(image.id.clone()).or_default().clone()
+            };
+            let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.retired {
+                continue; // reaped meanwhile; a new slot is in the map
             }
-            if let Some(old) = slot.take() {
-                stop(old);
+            slot.last_used = Instant::now();
+            if let Some(s) = slot.server.as_mut() {
+                match s.child.try_wait() {
+                    Ok(None) => return Ok(s.mountpoint.clone()),
+                    Ok(Some(status)) => {
+                        tracing::warn!(image = %image.id, "image server exited ({status}); restarting")
+                    }
+                    Err(e) => tracing::warn!(image = %image.id, "image server: {e}; restarting"),
+                }
+                if let Some(old) = slot.server.take() {
+                    stop(old);
+                }
             }
+            let server = self.start(image)?;
+            let mp = server.mountpoint.clone();
+            slot.server = Some(server);
+            return Ok(mp);
         }
-        let server = self.start(image)?;
-        let mp = server.mountpoint.clone();
-        *slot = Some(server);
-        Ok(mp)
+    }
+
+    /// Stops the servers of images no sandbox has used for `idle` (`in_use`:
+    /// the image ids of the live sandboxes). A stopped server closes the
+    /// packs it held, so the space gc freed is released; the next create of
+    /// the image starts a new one.
+    pub fn reap(&self, in_use: &HashSet<String>, idle: Duration) {
+        let mut doomed = Vec::new();
+        {
+            let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+            servers.retain(|id, slot| {
+                // Busy (a create of this image is checking or starting it): later.
+                let Ok(mut st) = slot.try_lock() else { return true };
+                if in_use.contains(id) {
+                    st.last_used = Instant::now();
+                    return true;
+                }
+                if st.last_used.elapsed() < idle {
+                    return true;
+                }
+                st.retired = true;
+                if let Some(s) = st.server.take() {
+                    tracing::info!(image = %id, "stopping the idle image server");
+                    doomed.push(s);
+                }
+                false
+            });
+        }
+        for s in doomed {
+            stop(s);
+        }
     }
 
     fn start(&self, image: &ImageRecord) -> Result<Server, String> {
@@ -188,7 +241,9 @@ impl ImageMounts {
     pub fn shutdown(&self) {
         let slots: Vec<Slot> = self.servers.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, s)| s).collect();
         for slot in slots {
-            if let Some(s) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let mut st = slot.lock().unwrap_or_else(|p| p.into_inner());
+            st.retired = true;
+            if let Some(s) = st.server.take() {
                 stop(s);
             }
         }

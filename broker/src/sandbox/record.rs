@@ -60,6 +60,8 @@ pub struct SandboxEntry {
     /// Data-plane token handed out in endpoint headers.
     pub token: String,
     pub image_uri: String,
+    /// The pool id the uri resolved to (whose image server the sandbox uses).
+    pub image_id: String,
     pub entrypoint: Vec<String>,
     pub created_at: DateTime<Utc>,
     status: Mutex<Status>,
@@ -69,6 +71,12 @@ pub struct SandboxEntry {
 }
 
 impl SandboxEntry {
+    /// Records the pool id of the sandbox's image.
+    pub fn with_image_id(mut self, image_id: String) -> Self {
+        self.image_id = image_id;
+        self
+    }
+
     pub fn new(
         id: String,
         token: String,
@@ -83,6 +91,7 @@ impl SandboxEntry {
             id,
             token,
             image_uri,
+            image_id: String::new(),
             entrypoint,
             created_at: now,
             status: Mutex::new(Status {
