@@ -537,6 +537,9 @@ pub static IMAGE_SERVER: &[Rule] = &[
         "Replies to the kernel on the /dev/fuse fd (fuser writes header and payload in one writev)."),
     rule!(SYS_pread64, Action::Allow, Always,
         "Compressed chunks from the pack files, opened read-only before the filter."),
+    #[cfg(target_arch = "x86_64")]
+    rule!(SYS_fadvise64, Action::Allow, When::ArgIn { arg: 3, values: &[libc::POSIX_FADV_DONTNEED as u64] },
+        "DONTNEED only: drops a pack range just read from the page cache (its content is cached decompressed)."),
     rule!(SYS_close, Action::Allow, Always,
         "Closing the ready pipe after writing ready, and fds dropped on exit."),
     rule!(SYS_fcntl, Action::Allow, When::ArgIn { arg: 1, values: &[libc::F_GETFD as u64] },

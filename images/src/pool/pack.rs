@@ -148,10 +148,20 @@ impl Catalog {
         self.map.is_empty()
     }
 
-    /// The compressed bytes of a chunk.
+    /// The compressed bytes of a chunk. The range then leaves the page
+    /// cache: readers keep what they read decompressed (the FUSE mount's
+    /// page cache), and caching it compressed as well would charge every
+    /// chunk twice.
     pub fn read_raw(&self, loc: Location) -> io::Result<Vec<u8>> {
         let mut buf = vec![0u8; loc.clen as usize];
-        self.packs[loc.pack as usize].file.read_exact_at(&mut buf, loc.offset)?;
+        let file = &self.packs[loc.pack as usize].file;
+        file.read_exact_at(&mut buf, loc.offset)?;
+        let _ = nix::fcntl::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            loc.offset as i64,
+            i64::from(loc.clen),
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        );
         Ok(buf)
     }
 

@@ -10,8 +10,10 @@ use super::index::{Data, Index, Ino};
 use super::pack::{Catalog, Location};
 use crate::error::{Error, Result};
 
-/// Decompressed chunks kept by a view (most recently used last).
-const CACHE_CHUNKS: usize = 64;
+/// Decompressed chunks kept by a view (most recently used last): enough for
+/// reads that straddle chunks and for the threads of a server; the kernel's
+/// page cache keeps the rest.
+const CACHE_CHUNKS: usize = 16;
 
 /// One image, ready to read. Holds its pack files open: valid for as long
 /// as it lives, whatever gc does meanwhile.
