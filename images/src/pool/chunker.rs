@@ -12,7 +12,7 @@
 //! whose content is already in the pool (same sha256, any image) reuses the
 //! extents it has there.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
@@ -53,13 +53,11 @@ pub(crate) struct Chunker<'a> {
     tmp: PathBuf,
     packs_dir: PathBuf,
     writer: Option<PackWriter>,
-    /// Published by this import, read back by nobody until the index is.
-    pub(crate) published: Vec<super::pack::Pack>,
     /// The chunk table of the index being built.
     chunks: Vec<ChunkRef>,
     chunk_pos: HashMap<[u8; 32], u32>,
     /// Written by this import (not yet in `catalog`).
-    written: HashMap<[u8; 32], ()>,
+    written: HashSet<[u8; 32]>,
     known: HashMap<[u8; 32], KnownFile>,
     /// Small files of this import placed in bundles, by content (slots are stable).
     local: HashMap<[u8; 32], Extent>,
@@ -101,10 +99,9 @@ impl<'a> Chunker<'a> {
             tmp,
             packs_dir,
             writer: None,
-            published: Vec::new(),
             chunks: Vec::new(),
             chunk_pos: HashMap::new(),
-            written: HashMap::new(),
+            written: HashSet::new(),
             known,
             local: HashMap::new(),
             spooled: HashMap::new(),
@@ -132,7 +129,7 @@ impl<'a> Chunker<'a> {
     /// Stores `data` as a chunk unless the pool already has it.
     fn store(&mut self, data: &[u8]) -> io::Result<ChunkRef> {
         let c = ChunkRef { digest: sha256(data), len: data.len() as u32 };
-        if self.catalog.contains(&c.digest) || self.written.contains_key(&c.digest) {
+        if self.catalog.contains(&c.digest) || self.written.contains(&c.digest) {
             return Ok(c);
         }
         let compressed = self.compressor.compress(data)?;
@@ -141,7 +138,7 @@ impl<'a> Chunker<'a> {
         }
         let w = self.writer.as_mut().ok_or_else(|| io::Error::other("no pack"))?;
         w.append(c.digest, &compressed, c.len).map_err(io::Error::other)?;
-        self.written.insert(c.digest, ());
+        self.written.insert(c.digest);
         self.stats.new_chunks += 1;
         self.stats.new_bytes += data.len() as u64;
         self.stats.new_compressed += compressed.len() as u64;
@@ -155,7 +152,7 @@ impl<'a> Chunker<'a> {
     fn publish_pack(&mut self) -> io::Result<()> {
         if let Some(w) = self.writer.take() {
             if !w.is_empty() {
-                self.published.push(w.publish(&self.packs_dir).map_err(io::Error::other)?);
+                w.publish(&self.packs_dir).map_err(io::Error::other)?;
             }
         }
         Ok(())
@@ -222,10 +219,10 @@ impl<'a> Chunker<'a> {
 
     /// Finishes the import's content: seals the last bundle, publishes the
     /// last pack. Returns the chunk table of the index.
-    pub(crate) fn finish(mut self) -> io::Result<(Vec<ChunkRef>, Vec<super::pack::Pack>, ChunkStats)> {
+    pub(crate) fn finish(mut self) -> io::Result<(Vec<ChunkRef>, ChunkStats)> {
         self.seal_bundle()?;
         self.publish_pack()?;
-        Ok((self.chunks, self.published, self.stats))
+        Ok((self.chunks, self.stats))
     }
 }
 

@@ -1,6 +1,6 @@
 //! Garbage collection (mark and sweep over the image indexes) and disk usage.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
@@ -123,7 +123,7 @@ impl Pool {
         let live = self.live_chunks()?;
         let catalog = Catalog::load(&self.store.packs)?;
         // A chunk is kept once, in the first pack (by name) that has it.
-        let mut placed: HashMap<[u8; 32], ()> = HashMap::new();
+        let mut placed: HashSet<[u8; 32]> = HashSet::new();
         // Small packs (one per small import) are merged into one, so the
         // number of packs (files every reader holds open) stays bounded.
         let small = |p: &super::pack::Pack| p.size < MERGE_BELOW;
@@ -132,9 +132,9 @@ impl Pool {
         let mut merged_away = Vec::new();
         for pack in &catalog.packs {
             let keep: Vec<_> =
-                pack.entries.iter().filter(|e| live.contains(&e.digest) && !placed.contains_key(&e.digest)).collect();
+                pack.entries.iter().filter(|e| live.contains(&e.digest) && !placed.contains(&e.digest)).collect();
             for e in &keep {
-                placed.insert(e.digest, ());
+                placed.insert(e.digest);
             }
             report.chunks_kept += keep.len() as u64;
             report.chunks_removed += (pack.entries.len() - keep.len()) as u64;

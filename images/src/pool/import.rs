@@ -192,7 +192,7 @@ impl Pool {
             layer_bytes += apply_layer(ar, &mut tree, &mut chunker, layer, i + 1, &mut report)?;
         }
         let inodes = tree.finish(&mut chunker).map_err(|e| Error::io(&self.store.packs, e))?;
-        let (chunks, _packs, cstats) = chunker.finish().map_err(|e| Error::io(&self.store.packs, e))?;
+        let (chunks, cstats) = chunker.finish().map_err(|e| Error::io(&self.store.packs, e))?;
         let mut index = Index { inodes, chunks };
         let replaced = index.compact_chunks();
         index.check().map_err(|reason| Error::Corrupt { path: staged.path().to_path_buf(), reason })?;

@@ -123,7 +123,7 @@ impl Catalog {
         Ok(cat)
     }
 
-    pub(crate) fn add(&mut self, pack: Pack) {
+    fn add(&mut self, pack: Pack) {
         let idx = self.packs.len() as u32;
         for e in &pack.entries {
             self.map.entry(e.digest).or_insert(Location { pack: idx, offset: e.offset, clen: e.clen, len: e.len });
@@ -212,12 +212,11 @@ impl PackWriter {
     }
 
     /// Appends one compressed chunk.
-    pub(crate) fn append(&mut self, digest: [u8; 32], compressed: &[u8], len: u32) -> Result<Location> {
+    pub(crate) fn append(&mut self, digest: [u8; 32], compressed: &[u8], len: u32) -> Result<()> {
         self.file.write_all(compressed).map_err(|e| Error::io(&self.tmp, e))?;
-        let e = CatEntry { digest, offset: self.offset, clen: compressed.len() as u32, len };
-        self.entries.push(e);
+        self.entries.push(CatEntry { digest, offset: self.offset, clen: compressed.len() as u32, len });
         self.offset += compressed.len() as u64;
-        Ok(Location { pack: u32::MAX, offset: e.offset, clen: e.clen, len })
+        Ok(())
     }
 
     pub(crate) fn bytes(&self) -> u64 {
@@ -229,8 +228,8 @@ impl PackWriter {
     }
 
     /// Publishes the pack into `packs`: pack first, then its catalog, each
-    /// fsync'ed. Returns it opened for reading.
-    pub(crate) fn publish(mut self, packs: &Path) -> Result<Pack> {
+    /// fsync'ed.
+    pub(crate) fn publish(self, packs: &Path) -> Result<()> {
         self.file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
         let dest = pack_path(packs, &self.name);
         fs::rename(&self.tmp, &dest).map_err(|e| Error::io(&dest, e))?;
@@ -238,10 +237,7 @@ impl PackWriter {
         for e in &self.entries {
             e.encode(&mut bytes);
         }
-        super::write_atomic(&cat_path(packs, &self.name), &bytes)?;
-        let file = File::open(&dest).map_err(|e| Error::io(&dest, e))?;
-        let (name, entries) = (std::mem::take(&mut self.name), std::mem::take(&mut self.entries));
-        Ok(Pack { name, file, size: self.offset, entries })
+        super::write_atomic(&cat_path(packs, &self.name), &bytes)
     }
 }
 
