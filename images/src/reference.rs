@@ -27,7 +27,7 @@ pub(crate) enum Reference {
 ///
 /// `busybox` → `busybox:latest`, `docker.io/library/busybox:1` → `busybox:1`,
 /// `docker.io/foo/bar` → `foo/bar:latest`. Digest references are refused here
-/// (they do not name anything; see [`crate::ImageStore::resolve`]).
+/// (they do not name anything; see [`crate::Pool::resolve`]).
 pub fn normalize_name(reference: &str) -> Result<String> {
     let invalid = |reason: &str| Error::InvalidReference { reference: reference.to_owned(), reason: reason.to_owned() };
     if reference.is_empty() {
@@ -56,7 +56,7 @@ pub fn normalize_name(reference: &str) -> Result<String> {
             "invalid repository name (lowercase letters, digits and separators '.', '_', '__', '-' only)",
         ));
     }
-    let is_hub = matches!(domain, None | Some("docker.io" | "index.docker.io" | "registry-1.docker.io"));
+    let is_hub = domain.is_none_or(|d| HUB_ALIASES.contains(&d));
     let path = if is_hub && components.len() == 2 && components[0] == "library" { components[1] } else { path };
     let name = match domain {
         Some(d) if !is_hub => format!("{d}/{path}"),
@@ -88,8 +88,7 @@ pub(crate) fn parse(reference: &str) -> Result<Reference> {
     if let Some((name, digest)) = reference.split_once('@') {
         // The name part must be well formed, but the digest alone decides.
         normalize_name(name)?;
-        let hex = digest.strip_prefix("sha256:").unwrap_or("");
-        if !(is_hex(hex) && hex.len() == 64) {
+        if !is_sha256_digest(digest) {
             return Err(Error::InvalidReference {
                 reference: reference.to_owned(),
                 reason: "only sha256:<64 hex> digests are supported".to_owned(),
@@ -114,12 +113,20 @@ fn split_domain(repo: &str) -> (Option<&str>, &str) {
     }
 }
 
+/// The names Docker Hub goes by in references.
+pub(crate) const HUB_ALIASES: [&str; 3] = ["docker.io", "index.docker.io", "registry-1.docker.io"];
+
+/// `sha256:` followed by 64 lowercase hex digits.
+pub(crate) fn is_sha256_digest(digest: &str) -> bool {
+    digest.strip_prefix("sha256:").is_some_and(|hex| hex.len() == 64 && is_hex(hex))
+}
+
 pub(crate) fn is_hex(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// `[\w][\w.-]{0,127}`
-fn valid_tag(tag: &str) -> bool {
+pub(crate) fn valid_tag(tag: &str) -> bool {
     let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
     let bytes = tag.as_bytes();
     !bytes.is_empty()
@@ -129,7 +136,7 @@ fn valid_tag(tag: &str) -> bool {
 }
 
 /// `[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*`
-fn valid_path_component(c: &str) -> bool {
+pub(crate) fn valid_path_component(c: &str) -> bool {
     let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
     let bytes = c.as_bytes();
     if bytes.is_empty() || !alnum(bytes[0]) || !alnum(bytes[bytes.len() - 1]) {

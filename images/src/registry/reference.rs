@@ -6,11 +6,11 @@
 //! single-component names are in `library/`.
 
 use super::error::RegistryError;
+pub(crate) use crate::reference::is_sha256_digest;
+use crate::reference::{valid_path_component, valid_tag, HUB_ALIASES};
 
 /// Host the Docker Hub registry API is served from.
 pub const DOCKER_HUB: &str = "registry-1.docker.io";
-/// Names under which Docker Hub is spelled in references.
-const HUB_ALIASES: [&str; 3] = ["docker.io", "index.docker.io", DOCKER_HUB];
 const DEFAULT_TAG: &str = "latest";
 /// Longest accepted repository name (without registry and tag).
 const MAX_NAME_LEN: usize = 255;
@@ -149,13 +149,6 @@ impl ImageRef {
     }
 }
 
-/// `sha256:` followed by 64 lowercase hex digits.
-pub(crate) fn is_sha256_digest(digest: &str) -> bool {
-    digest
-        .strip_prefix("sha256:")
-        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
-}
-
 fn is_domain(first: &str) -> bool {
     first.contains(['.', ':']) || first == "localhost" || first.starts_with('[') || first.contains(char::is_uppercase)
 }
@@ -198,26 +191,6 @@ fn valid_domain(d: &str) -> bool {
                 && b[0] != b'-'
                 && b[b.len() - 1] != b'-'
         })
-}
-
-/// `[\w][\w.-]{0,127}`
-fn valid_tag(tag: &str) -> bool {
-    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
-    let b = tag.as_bytes();
-    !b.is_empty() && b.len() <= 128 && word(b[0]) && b.iter().all(|&c| word(c) || c == b'.' || c == b'-')
-}
-
-/// `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`
-fn valid_path_component(c: &str) -> bool {
-    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let b = c.as_bytes();
-    if b.is_empty() || !alnum(b[0]) || !alnum(b[b.len() - 1]) {
-        return false;
-    }
-    // Split into separator runs between alphanumeric runs.
-    c.split(|ch: char| ch.is_ascii_lowercase() || ch.is_ascii_digit())
-        .filter(|sep| !sep.is_empty())
-        .all(|sep| sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|x| x == b'-'))
 }
 
 #[cfg(test)]
