@@ -610,6 +610,21 @@ pub fn rules_markdown() -> String {
     fn cell(text: &str) -> String {
         text.replace('|', "\\|")
     }
+    /// A filter's table: one row per rule.
+    fn plain_table(md: &mut String, rules: &[Rule]) {
+        md.push_str("| Syscall | Nr | Action | When | Why |\n|---|---:|---|---|---|\n");
+        for r in rules {
+            let _ = writeln!(
+                md,
+                "| `{}` | {} | {} | {} | {} |",
+                r.name,
+                r.sysno,
+                r.action,
+                cell(&r.when.to_string()),
+                cell(r.justification)
+            );
+        }
+    }
     fn summary(rules: &[Rule]) -> String {
         let mut counts: Vec<(String, usize)> = Vec::new();
         for rule in rules {
@@ -648,18 +663,7 @@ pub fn rules_markdown() -> String {
          sandbox. {}\n",
         summary(rules(FilterKind::Sandbox))
     );
-    md.push_str("| Syscall | Nr | Action | When | Why |\n|---|---:|---|---|---|\n");
-    for r in rules(FilterKind::Sandbox) {
-        let _ = writeln!(
-            md,
-            "| `{}` | {} | {} | {} | {} |",
-            r.name,
-            r.sysno,
-            r.action,
-            cell(&r.when.to_string()),
-            cell(r.justification)
-        );
-    }
+    plain_table(&mut md, rules(FilterKind::Sandbox));
 
     let _ = writeln!(md, "\n## Worker filter\n");
     let _ = writeln!(
@@ -691,17 +695,6 @@ pub fn rules_markdown() -> String {
          (under its condition) kills the process. {}\n",
         summary(rules(FilterKind::ImageServer))
     );
-    md.push_str("| Syscall | Nr | Action | When | Why |\n|---|---:|---|---|---|\n");
-    for r in rules(FilterKind::ImageServer) {
-        let _ = writeln!(
-            md,
-            "| `{}` | {} | {} | {} | {} |",
-            r.name,
-            r.sysno,
-            r.action,
-            cell(&r.when.to_string()),
-            cell(r.justification)
-        );
-    }
+    plain_table(&mut md, rules(FilterKind::ImageServer));
     md
 }
