@@ -4,6 +4,8 @@
 //! Every image is written out by streaming `ErofsView::read_at`, then what
 //! the tools see is compared with the image's index and content.
 
+mod common;
+
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::fs;
@@ -516,37 +518,15 @@ impl Layer {
     }
 }
 
-fn hex_sha256(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
 /// A docker-archive with one image made of `layer`.
 fn docker_archive(layer: &[u8], tag: &str) -> Vec<u8> {
-    let diff_id = hex_sha256(layer);
-    let config = serde_json::json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Cmd": ["/bin/sh"]},
-        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
-    });
-    let config = serde_json::to_vec(&config).unwrap();
-    let config_name = format!("{}.json", hex_sha256(&config));
-    let layer_name = format!("{diff_id}/layer.tar");
-    let manifest = serde_json::json!([{"Config": config_name, "RepoTags": [tag], "Layers": [layer_name]}]);
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in [
-        (config_name, config),
-        (layer_name, layer.to_vec()),
-        ("manifest.json".into(), manifest.to_string().into_bytes()),
-    ] {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_mtime(MTIME);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, name, &data[..]).unwrap();
-    }
-    b.into_inner().unwrap()
+    use common::{docker_members, run_config, tar_members, Comp, DockerImage, Layer};
+    let image = DockerImage {
+        tags: vec![tag.to_owned()],
+        config: run_config(&[], &["/bin/sh"], &[], "", ""),
+        layers: vec![Layer::new(layer.to_vec(), Comp::Plain)],
+    };
+    tar_members(&docker_members(&[image], false))
 }
 
 /// A POSIX ACL xattr value (version 2; entries of tag, perm, id).
