@@ -1,18 +1,29 @@
 //! gRPC contracts of pvisor.
 //!
 //! * [`agent`]: the in-sandbox agent (commands, sessions, files, tunnels).
-//! * [`worker`]: the per-sandbox worker (readiness, metrics, pause, shutdown).
+//! * [`worker`]: the per-sandbox worker (readiness, metrics, pause, shutdown)
+//!   and its start-up configuration (`WorkerConfig`, sent on its config pipe).
 //!
 //! The worker serves both on its Unix socket; [`FILE_DESCRIPTOR_SET`] feeds
 //! server reflection so `grpcurl -plaintext -unix SOCK list` works.
 
-pub mod agent {
-    tonic::include_proto!("pvisor.agent.v1");
+/// The generated code, nested as the proto packages are (the worker's
+/// messages refer to the agent's as `super::super::agent::v1`).
+pub mod pvisor {
+    pub mod agent {
+        pub mod v1 {
+            tonic::include_proto!("pvisor.agent.v1");
+        }
+    }
+    pub mod worker {
+        pub mod v1 {
+            tonic::include_proto!("pvisor.worker.v1");
+        }
+    }
 }
 
-pub mod worker {
-    tonic::include_proto!("pvisor.worker.v1");
-}
+pub use pvisor::agent::v1 as agent;
+pub use pvisor::worker::v1 as worker;
 
 /// Encoded `FileDescriptorSet` of every service above.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("pvisor_descriptor");
