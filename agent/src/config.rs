@@ -1,25 +1,16 @@
-//! The agent's start-up configuration: the image's defaults for commands.
-use serde::{Deserialize, Serialize};
+//! The agent's configuration: the image's defaults for commands and the
+//! sandbox's entrypoint, received once through `Agent.Configure`
+//! (`pvisor.agent.v1.AgentConfig`, the same message on every backend).
+pub use pvisor_proto::agent::AgentConfig;
 
-/// Passed by the backend as the agent's single argument (JSON).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct AgentConfig {
-    /// `KEY=VALUE` environment of the image, plus the sandbox's own env.
-    #[serde(default)]
-    pub env: Vec<String>,
+/// Defaults derived from the configuration.
+pub trait ImageDefaults {
     /// Default working directory (the image's `WorkingDir`), `/` when empty.
-    #[serde(default)]
-    pub workdir: String,
-    /// Default user (the image's `User`: `name`, `uid`, `name:group`, `uid:gid`).
-    #[serde(default)]
-    pub user: String,
-    /// The sandbox's entrypoint, started in the background at boot when non-empty.
-    #[serde(default)]
-    pub entrypoint: Vec<String>,
+    fn workdir(&self) -> &str;
 }
 
-impl AgentConfig {
-    pub fn workdir(&self) -> &str {
+impl ImageDefaults for AgentConfig {
+    fn workdir(&self) -> &str {
         if self.workdir.is_empty() {
             "/"
         } else {

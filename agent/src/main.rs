@@ -1,43 +1,33 @@
 //! pvisor-agent: PID 1 of a sandbox.
 //!
-//! Usage: `pvisor-agent --fd N` (the backend's connection) or
-//! `pvisor-agent --listen PATH` (tests). The configuration comes from
-//! `PVISOR_AGENT_CONFIG` (JSON) or `--config JSON`.
-use pvisor_agent::config::AgentConfig;
+//! Usage: `pvisor-agent --fd N` (ns: N is the connection socket over which
+//! the worker sends a stream per connection) or `pvisor-agent --listen PATH`
+//! (tests). The configuration arrives over the first connection, as
+//! `Agent.Configure`.
 use pvisor_agent::service::AgentService;
 use pvisor_agent::{reaper, server};
-use pvisor_proto::agent::ExecRequest;
 
-struct Args {
-    fd: Option<i32>,
-    listen: Option<std::path::PathBuf>,
-    config: AgentConfig,
+enum Serve {
+    Fd(i32),
+    Listen(std::path::PathBuf),
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args { fd: None, listen: None, config: AgentConfig::default() };
+fn parse_args() -> Result<Serve, String> {
+    let mut serve = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let val = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--fd" => a.fd = Some(val.parse().map_err(|_| format!("bad fd {val}"))?),
-            "--listen" => a.listen = Some(val.into()),
-            "--config" => a.config = serde_json::from_str(&val).map_err(|e| format!("bad config: {e}"))?,
+        serve = Some(match flag.as_str() {
+            "--fd" => Serve::Fd(val.parse().map_err(|_| format!("bad fd {val}"))?),
+            "--listen" => Serve::Listen(val.into()),
             _ => return Err(format!("unknown argument {flag}")),
-        }
+        });
     }
-    if let Ok(json) = std::env::var("PVISOR_AGENT_CONFIG") {
-        a.config = serde_json::from_str(&json).map_err(|e| format!("bad PVISOR_AGENT_CONFIG: {e}"))?;
-        std::env::remove_var("PVISOR_AGENT_CONFIG");
-    }
-    if a.fd.is_none() && a.listen.is_none() {
-        return Err("one of --fd or --listen is required".into());
-    }
-    Ok(a)
+    serve.ok_or_else(|| "one of --fd or --listen is required".into())
 }
 
 fn main() {
-    let args = match parse_args() {
+    let serve = match parse_args() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("pvisor-agent: {e}");
@@ -46,9 +36,8 @@ fn main() {
     };
     // Sandbox processes share our uid: make sure they cannot ptrace us or open
     // our /proc/1/fd entries (the control connection lives there).
-    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
-    unsafe {
-        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("pvisor-agent: prctl(PR_SET_DUMPABLE): {e}");
     }
     // Under the sandbox's memory pressure the kernel would evict our text and
     // we would thrash instead of killing what causes the pressure: lock the
@@ -67,25 +56,16 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let entrypoint = args.config.entrypoint.clone();
-    let svc = AgentService::new(args.config);
+    let svc = AgentService::new();
     let result = rt.block_on(async move {
         tokio::spawn(async {
             if let Err(e) = reaper::run().await {
                 tracing::error!("reaper: {e}");
             }
         });
-        if !entrypoint.is_empty() {
-            let req = ExecRequest { argv: entrypoint.clone(), background: true, ..Default::default() };
-            let (tx, _rx) = tokio::sync::mpsc::channel(1);
-            if let Err(e) = svc.commands.exec(req, tx, Some("entrypoint".into())) {
-                tracing::warn!("entrypoint {entrypoint:?} did not start: {e}");
-            }
-        }
-        match (args.fd, args.listen) {
-            (Some(fd), _) => server::serve_fd(fd, svc).await,
-            (None, Some(p)) => server::serve_path(&p, svc).await,
-            (None, None) => unreachable!("checked in parse_args"),
+        match serve {
+            Serve::Fd(fd) => server::serve_incoming(server::fd_connections(fd)?, svc).await,
+            Serve::Listen(p) => server::serve_path(&p, svc).await,
         }
     });
     if let Err(e) = result {

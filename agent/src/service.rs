@@ -8,24 +8,87 @@ use crate::files;
 use crate::session::Sessions;
 use pvisor_proto::agent::agent_server::Agent;
 use pvisor_proto::agent::*;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 const CHUNK: usize = 256 * 1024;
 
-#[derive(Clone)]
-pub struct AgentService {
+/// What exists once the worker has configured the agent.
+pub struct Configured {
+    pub config: Arc<AgentConfig>,
     pub commands: Arc<Commands>,
     pub sessions: Arc<Sessions>,
 }
 
+/// The service. It starts unconfigured: until `Configure` arrives only
+/// `Ping` and `Configure` answer; everything else is FAILED_PRECONDITION.
+/// The state is shared by every connection, so a reconnecting worker finds
+/// the commands and sessions it left.
+#[derive(Clone, Default)]
+pub struct AgentService {
+    state: Arc<OnceLock<Configured>>,
+}
+
 impl AgentService {
-    pub fn new(cfg: AgentConfig) -> Self {
-        let cfg = Arc::new(cfg);
-        AgentService { commands: Commands::new(cfg.clone()), sessions: Arc::new(Sessions::new(cfg)) }
+    pub fn new() -> Self {
+        Self::default()
     }
+
+    /// The configured state, or the status every call but Ping/Configure
+    /// gets before `Configure`.
+    pub fn configured(&self) -> Result<&Configured, Status> {
+        self.state.get().ok_or_else(|| Status::failed_precondition("the agent is not configured yet (Agent.Configure)"))
+    }
+
+    /// Applies `cfg` if this is the first configuration (and then starts
+    /// the entrypoint); returns whether it was applied. A repeated identical
+    /// configuration is accepted, a different one refused.
+    pub fn configure(&self, cfg: AgentConfig) -> Result<bool, Status> {
+        let mut applied = false;
+        let state = self.state.get_or_init(|| {
+            applied = true;
+            let config = Arc::new(cfg.clone());
+            Configured {
+                commands: Commands::new(config.clone()),
+                sessions: Arc::new(Sessions::new(config.clone())),
+                config,
+            }
+        });
+        if !applied {
+            return if *state.config == cfg {
+                Ok(false)
+            } else {
+                Err(Status::failed_precondition("the agent was already configured differently"))
+            };
+        }
+        if !cfg.hostname.is_empty() {
+            if let Err(e) = nix::unistd::sethostname(&cfg.hostname) {
+                tracing::warn!("hostname {:?}: {e}", cfg.hostname);
+            }
+        }
+        if !cfg.entrypoint.is_empty() {
+            let req = ExecRequest { argv: cfg.entrypoint.clone(), background: true, ..Default::default() };
+            let (tx, _rx) = mpsc::channel(1);
+            if let Err(e) = state.commands.exec(req, tx, Some("entrypoint".into())) {
+                tracing::warn!("entrypoint {:?} did not start: {e}", cfg.entrypoint);
+            }
+        }
+        Ok(true)
+    }
+
+    fn commands(&self) -> Result<&Arc<Commands>, Status> {
+        Ok(&self.configured()?.commands)
+    }
+
+    fn sessions(&self) -> Result<&Arc<Sessions>, Status> {
+        Ok(&self.configured()?.sessions)
+    }
+}
+
+fn ping_reply() -> PingReply {
+    PingReply { version: env!("CARGO_PKG_VERSION").into(), pid: std::process::id() }
 }
 
 type Res<T> = Result<Response<T>, Status>;
@@ -39,40 +102,51 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, AgentError> +
 #[tonic::async_trait]
 impl Agent for AgentService {
     async fn ping(&self, _: Request<Empty>) -> Res<PingReply> {
-        Ok(Response::new(PingReply { version: env!("CARGO_PKG_VERSION").into(), pid: std::process::id() }))
+        Ok(Response::new(ping_reply()))
+    }
+
+    async fn configure(&self, req: Request<AgentConfig>) -> Res<PingReply> {
+        AgentService::configure(self, req.into_inner())?;
+        Ok(Response::new(ping_reply()))
     }
 
     type ExecStream = Stream<ExecEvent>;
     async fn exec(&self, req: Request<ExecRequest>) -> Res<Self::ExecStream> {
+        self.configured()?;
         let (tx, rx) = mpsc::channel(256);
-        self.commands.exec(req.into_inner(), tx, None)?;
+        self.commands()?.exec(req.into_inner(), tx, None)?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn command_status(&self, req: Request<CommandRef>) -> Res<CommandStatusReply> {
-        Ok(Response::new(self.commands.status(&req.into_inner().id)?))
+        self.configured()?;
+        Ok(Response::new(self.commands()?.status(&req.into_inner().id)?))
     }
 
     async fn command_logs(&self, req: Request<LogsRequest>) -> Res<LogsReply> {
+        self.configured()?;
         let r = req.into_inner();
-        Ok(Response::new(self.commands.logs(&r.id, r.cursor)?))
+        Ok(Response::new(self.commands()?.logs(&r.id, r.cursor)?))
     }
 
     async fn interrupt(&self, req: Request<CommandRef>) -> Res<Empty> {
-        self.commands.interrupt(&req.into_inner().id)?;
+        self.configured()?;
+        self.commands()?.interrupt(&req.into_inner().id)?;
         Ok(Response::new(Empty {}))
     }
 
     async fn create_session(&self, req: Request<CreateSessionRequest>) -> Res<SessionRef> {
-        let id = self.sessions.create(&req.into_inner().cwd)?;
+        self.configured()?;
+        let id = self.sessions()?.create(&req.into_inner().cwd)?;
         Ok(Response::new(SessionRef { id }))
     }
 
     type RunInSessionStream = Stream<ExecEvent>;
     async fn run_in_session(&self, req: Request<SessionRunRequest>) -> Res<Self::RunInSessionStream> {
+        self.configured()?;
         let r = req.into_inner();
         let (tx, rx) = mpsc::channel(256);
-        let sessions = self.sessions.clone();
+        let sessions = self.sessions()?.clone();
         // Fail fast on an unknown session, before the stream starts.
         sessions.run_check(&r.session_id)?;
         tokio::spawn(async move {
@@ -85,17 +159,20 @@ impl Agent for AgentService {
     }
 
     async fn delete_session(&self, req: Request<SessionRef>) -> Res<Empty> {
-        self.sessions.delete(&req.into_inner().id).await?;
+        self.configured()?;
+        self.sessions()?.delete(&req.into_inner().id).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn stat(&self, req: Request<PathsRequest>) -> Res<FileList> {
+        self.configured()?;
         let paths = req.into_inner().paths;
         let files = blocking(move || files::stat(&paths)).await?;
         Ok(Response::new(FileList { files }))
     }
 
     async fn upload(&self, req: Request<Streaming<UploadChunk>>) -> Res<Empty> {
+        self.configured()?;
         let mut inbound = req.into_inner();
         let mut current: Option<files::UploadFile> = None;
         let result: Result<(), Status> = async {
@@ -129,6 +206,7 @@ impl Agent for AgentService {
 
     type DownloadStream = Stream<DataChunk>;
     async fn download(&self, req: Request<DownloadRequest>) -> Res<Self::DownloadStream> {
+        self.configured()?;
         let r = req.into_inner();
         let (mut file, mut left) = blocking(move || files::open_for_read(&r.path, r.offset, r.limit)).await?;
         let (tx, rx) = mpsc::channel(4);
@@ -154,48 +232,56 @@ impl Agent for AgentService {
     }
 
     async fn remove_files(&self, req: Request<PathsRequest>) -> Res<Empty> {
+        self.configured()?;
         let paths = req.into_inner().paths;
         blocking(move || files::remove_files(&paths)).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn r#move(&self, req: Request<MoveRequest>) -> Res<Empty> {
+        self.configured()?;
         let moves = req.into_inner().moves;
         blocking(move || moves.iter().try_for_each(|m| files::rename(&m.src, &m.dest))).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn set_permissions(&self, req: Request<PermissionsRequest>) -> Res<Empty> {
+        self.configured()?;
         let e = req.into_inner().entries;
         blocking(move || files::set_permissions(&e)).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn search(&self, req: Request<SearchRequest>) -> Res<FileList> {
+        self.configured()?;
         let r = req.into_inner();
         let files = blocking(move || files::search(&r.path, &r.pattern)).await?;
         Ok(Response::new(FileList { files }))
     }
 
     async fn replace(&self, req: Request<ReplaceRequest>) -> Res<ReplaceReply> {
+        self.configured()?;
         let e = req.into_inner().entries;
         let counts = blocking(move || files::replace(&e)).await?;
         Ok(Response::new(ReplaceReply { counts }))
     }
 
     async fn make_dirs(&self, req: Request<PermissionsRequest>) -> Res<Empty> {
+        self.configured()?;
         let e = req.into_inner().entries;
         blocking(move || files::make_dirs(&e)).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn list_dir(&self, req: Request<ListDirRequest>) -> Res<FileList> {
+        self.configured()?;
         let r = req.into_inner();
         let files = blocking(move || files::list_dir(&r.path, r.depth)).await?;
         Ok(Response::new(FileList { files }))
     }
 
     async fn remove_dirs(&self, req: Request<PathsRequest>) -> Res<Empty> {
+        self.configured()?;
         let paths = req.into_inner().paths;
         blocking(move || files::remove_dirs(&paths)).await?;
         Ok(Response::new(Empty {}))
@@ -203,6 +289,7 @@ impl Agent for AgentService {
 
     type TunnelStream = Stream<TunnelData>;
     async fn tunnel(&self, req: Request<Streaming<TunnelData>>) -> Res<Self::TunnelStream> {
+        self.configured()?;
         let (tx, rx) = mpsc::channel(16);
         crate::tunnel::open(req.into_inner(), tx).await?;
         Ok(Response::new(ReceiverStream::new(rx)))

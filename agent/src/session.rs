@@ -1,7 +1,7 @@
 //! Sessions: a long-lived shell per session, so `cd`, variables and functions
 //! persist from one run to the next.
 use crate::commands::{event, new_id, EventTx};
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, ImageDefaults};
 use crate::error::{AgentError, Result};
 use crate::spawn::{kill_group_bg, spawn, SpawnSpec};
 use pvisor_proto::agent::{exec_event, ExitStatus};

@@ -1,5 +1,5 @@
 //! Starting a sandbox process: argv, environment, cwd, identity, pipes.
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, ImageDefaults};
 use crate::error::{AgentError, Result};
 use crate::{passwd, reaper};
 use std::collections::BTreeMap;

@@ -11,6 +11,7 @@ use tonic::transport::{Channel, Endpoint};
 
 struct Agent {
     child: Child,
+    sock: PathBuf,
     _dir: tempfile::TempDir,
     client: AgentClient<Channel>,
 }
@@ -22,30 +23,44 @@ impl Drop for Agent {
     }
 }
 
-async fn start() -> Agent {
+fn image_config() -> AgentConfig {
+    AgentConfig {
+        env: vec!["PATH=/usr/bin:/bin".into(), "IMAGE_VAR=from-image".into()],
+        workdir: "/tmp".into(),
+        ..Default::default()
+    }
+}
+
+/// Starts the agent on a socket path, unconfigured.
+async fn start_unconfigured() -> Agent {
     let dir = tempfile::tempdir().unwrap();
     let sock: PathBuf = dir.path().join("agent.sock");
-    let cfg = serde_json::json!({"env": ["PATH=/usr/bin:/bin", "IMAGE_VAR=from-image"], "workdir": "/tmp"});
-    let child = Command::new(env!("CARGO_BIN_EXE_pvisor-agent"))
-        .arg("--listen")
-        .arg(&sock)
-        .env("PVISOR_AGENT_CONFIG", cfg.to_string())
-        .spawn()
-        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_pvisor-agent")).arg("--listen").arg(&sock).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !sock.exists() {
         assert!(Instant::now() < deadline, "agent socket did not appear");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let path = sock.clone();
-    let channel = Endpoint::from_static("http://agent")
+    let client = AgentClient::new(connect(&sock).await);
+    Agent { child, sock, _dir: dir, client }
+}
+
+async fn connect(sock: &std::path::Path) -> Channel {
+    let path = sock.to_path_buf();
+    Endpoint::from_static("http://agent")
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
             let path = path.clone();
             async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
         }))
         .await
-        .unwrap();
-    Agent { child, _dir: dir, client: AgentClient::new(channel) }
+        .unwrap()
+}
+
+/// Starts the agent and configures it with the test image's defaults.
+async fn start() -> Agent {
+    let mut a = start_unconfigured().await;
+    a.client.configure(image_config()).await.unwrap();
+    a
 }
 
 #[derive(Default, Debug)]
@@ -291,4 +306,53 @@ async fn tunnel_reaches_a_local_port() {
     tx.send(TunnelData { port: 1, data: vec![] }).await.unwrap();
     let e = a.client.tunnel(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
+}
+
+#[tokio::test]
+async fn nothing_but_ping_answers_before_configure() {
+    let mut a = start_unconfigured().await;
+    a.client.ping(Empty {}).await.expect("ping answers unconfigured");
+    let e = a.client.exec(sh("echo hi")).await.expect_err("exec before Configure");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    let e = a.client.stat(PathsRequest { paths: vec!["/".into()] }).await.expect_err("stat before Configure");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    a.client.configure(image_config()).await.unwrap();
+    let r = run(&mut a.client, sh("echo $IMAGE_VAR; pwd")).await;
+    assert_eq!(r.stdout, ["from-image", "/tmp"]);
+}
+
+#[tokio::test]
+async fn configure_once_entrypoint_starts_and_a_different_config_is_refused() {
+    let mut a = start_unconfigured().await;
+    let dir = a._dir.path().to_path_buf();
+    let marker = dir.join("entrypoint-ran");
+    let cfg = AgentConfig {
+        entrypoint: vec!["/bin/sh".into(), "-c".into(), format!("echo x >> {}", marker.display())],
+        ..image_config()
+    };
+    a.client.configure(cfg.clone()).await.unwrap();
+    // The same configuration again (a reconnecting worker) is accepted and
+    // does not start the entrypoint a second time.
+    a.client.configure(cfg.clone()).await.unwrap();
+    let other = AgentConfig { workdir: "/".into(), ..cfg };
+    let e = a.client.configure(other).await.expect_err("a different configuration");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !marker.exists() {
+        assert!(Instant::now() < deadline, "the entrypoint did not run");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "x\n", "the entrypoint ran exactly once");
+}
+
+#[tokio::test]
+async fn a_new_connection_finds_the_state_of_the_last() {
+    let mut a = start().await;
+    let r = run(&mut a.client, ExecRequest { background: true, ..sh("sleep 30") }).await;
+    assert!(!r.id.is_empty());
+    drop(std::mem::replace(&mut a.client, AgentClient::new(connect(&a.sock).await)));
+    let st = a.client.command_status(CommandRef { id: r.id.clone() }).await.unwrap().into_inner();
+    assert!(st.running, "the background command is still known and running after a reconnect");
+    a.client.interrupt(CommandRef { id: r.id }).await.unwrap();
 }
