@@ -6,6 +6,7 @@ mod sandbox;
 mod server;
 
 use clap::{Parser, Subcommand};
+use sandbox::backend::BackendChoice;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -54,6 +55,22 @@ enum Cmd {
         /// Workers started ahead of demand, so a create does not wait for one.
         #[arg(long, default_value_t = 2)]
         warm_workers: usize,
+        /// The backend of creates that do not name one (`extensions`
+        /// `pvisor.io/backend`): auto picks vm where hardware virtualization
+        /// is present, else ns (`pvisor doctor` says which and why).
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendChoice,
+        /// The guest kernel of vm sandboxes (an uncompressed vmlinux with a
+        /// PVH entry; `scripts/guest-kernel.sh` builds it).
+        #[arg(long, env = "PVISOR_GUEST_KERNEL")]
+        guest_kernel: Option<PathBuf>,
+    },
+    /// Explain what this host supports and which backend `auto` picks.
+    Doctor {
+        #[arg(long, env = "PVISOR_GUEST_KERNEL")]
+        guest_kernel: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
     },
     /// Manage images.
     Image {
@@ -154,6 +171,8 @@ async fn run(cli: Cli) -> Result<i32, String> {
             allow_pull,
             image_idle_secs,
             warm_workers,
+            backend,
+            guest_kernel,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -166,9 +185,12 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 allow_pull,
                 image_idle: std::time::Duration::from_secs(image_idle_secs),
                 warm_workers,
+                backend,
+                guest_kernel,
             })
             .await?;
         }
+        Cmd::Doctor { guest_kernel, json } => return Ok(cli::doctor::run(guest_kernel.as_deref(), json)),
         Cmd::Image { cmd: ImageCmd::Import { files, pool, json } } => {
             cli::image::import(&cli::image::pool(pool.data_dir)?, &files, cli::image::Output::detect(json))?
         }

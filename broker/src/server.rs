@@ -1,11 +1,14 @@
 //! `pvisor serve`: the broker daemon.
 use crate::api;
 use crate::sandbox::images::ImageMounts;
+use crate::sandbox::backend::{self, BackendChoice};
 use crate::sandbox::pool::Pool;
+use crate::sandbox::rootfs::{BlockRoots, FuseRoots, RootFsProvider};
+use crate::sandbox::vm::VmAssets;
 use crate::sandbox::{expiry, teardown::teardown, Registry};
 use pvisor_images::Pool as ImagePool;
 use pvisor_worker::cgroup::{GroupPaths, Layout};
-use pvisor_worker::config::{IdMap, Limits};
+use pvisor_worker::config::{BackendKind, IdMap, Limits};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,6 +39,20 @@ pub struct Ctx {
     pub image_idle: std::time::Duration,
     /// Prefix of this broker's cgroup names (see [`cgroup_prefix`]).
     pub cgroup_prefix: String,
+    /// The backend of a create that does not name one.
+    pub default_backend: BackendKind,
+    /// What vm sandboxes need, or why this server cannot run them.
+    pub vm: Result<VmAssets, String>,
+}
+
+impl Ctx {
+    /// The root-filesystem provider of a backend.
+    pub fn rootfs(&self, backend: BackendKind) -> Box<dyn RootFsProvider + '_> {
+        match backend {
+            BackendKind::Ns => Box::new(FuseRoots(&self.mounts)),
+            BackendKind::Vm => Box::new(BlockRoots { pool_dir: self.images.root().to_path_buf() }),
+        }
+    }
 }
 
 pub struct ServeOptions {
@@ -49,6 +66,10 @@ pub struct ServeOptions {
     pub image_idle: std::time::Duration,
     /// Warm workers kept ready for creates.
     pub warm_workers: usize,
+    /// `--backend`.
+    pub backend: BackendChoice,
+    /// The guest kernel (vmlinux) of vm sandboxes.
+    pub guest_kernel: Option<PathBuf>,
 }
 
 /// `/var/lib/pvisor` for root, else the user's data directory.
@@ -250,6 +271,20 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         cgroup_prefix.clone(),
     )?;
     secure_dirs(&[&o.data_dir.join("mnt")])?;
+    let host = pvisor_worker::vm::host::probe();
+    let vm = VmAssets::prepare(&o.data_dir.join("vm"), o.guest_kernel.as_deref(), &agent_bin, &host);
+    let default_backend = match o.backend {
+        BackendChoice::Ns => BackendKind::Ns,
+        BackendChoice::Vm => match &vm {
+            Ok(_) => BackendKind::Vm,
+            Err(e) => return Err(format!("--backend vm: {e}")),
+        },
+        BackendChoice::Auto => {
+            let (kind, why) = backend::auto(&host, &vm.as_ref().map(drop).map_err(Clone::clone));
+            tracing::info!("--backend auto chose {}: {why}", kind.name());
+            kind
+        }
+    };
     Ok(Ctx {
         listen: o.listen,
         data_dir: o.data_dir,
@@ -268,6 +303,8 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         allow_pull: o.allow_pull,
         image_idle: o.image_idle,
         cgroup_prefix,
+        default_backend,
+        vm,
     })
 }
 
@@ -293,6 +330,7 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
         data_dir = %ctx.data_dir.display(),
         cgroups = ?ctx.cgroups.as_ref().map(|l| matches!(l, Layout::V2{..}).then_some("v2").unwrap_or("v1")),
         auth = ctx.api_key.is_some(),
+        backend = ctx.default_backend.name(),
         "pvisor serving"
     );
     let app = api::router(ctx.clone());

@@ -10,3 +10,4 @@
 //! * [`devices`]: serial console, virtio-mmio transport, virtio-blk, virtio-vsock.
 pub mod bus;
 pub mod devices;
+pub mod initramfs;

@@ -1,41 +1,76 @@
 //! The boundary between the worker and an execution backend.
 //!
 //! A backend turns a [`WorkerConfig`] into a running [`Sandbox`] whose agent
-//! is reachable over a byte stream. The worker's gRPC service, the broker and
-//! the agent only see this trait: the ns backend gives the agent a socketpair,
-//! a vm backend will give it a vsock connection through its VMM, and nothing
-//! else changes.
-use crate::config::{BackendKind, WorkerConfig};
+//! is reachable over byte streams, as often as the worker connects. The
+//! worker's gRPC service, the broker and the agent only see this trait: the
+//! ns backend passes the agent a fresh socketpair end per connection, the vm
+//! backend connects through its VMM's vsock device, and nothing else changes.
+use crate::config::{BackendConfig, WorkerConfig};
 use crate::error::{Result, WorkerError};
+use crate::threads::ThreadFilter;
 use std::os::unix::net::UnixStream;
+
+/// How a sandbox ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SandboxExit {
+    /// The init (ns) or the guest (vm) exited with this code.
+    Exited(i32),
+    /// The init was killed by this signal.
+    Signaled(String),
+    /// The guest powered off or reset (vm).
+    GuestShutdown,
+    /// The backend failed (a guest crash, an emulation failure, a lost wait).
+    Failed(String),
+}
+
+impl std::fmt::Display for SandboxExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SandboxExit::Exited(c) => write!(f, "exited with code {c}"),
+            SandboxExit::Signaled(s) => write!(f, "killed by {s}"),
+            SandboxExit::GuestShutdown => f.write_str("guest shut down"),
+            SandboxExit::Failed(m) => write!(f, "failed: {m}"),
+        }
+    }
+}
 
 /// A running sandbox, owned by its worker.
 pub trait Sandbox: Send + Sync {
     /// Backend name reported to the broker ("ns", "vm").
     fn backend(&self) -> &'static str;
-    /// Host pid of the sandbox's init (the agent for ns, the VMM thread for vm).
+    /// Host pid of the sandbox's init (ns), or of the process running the
+    /// guest (vm: the worker itself, or the QEMU engine).
     fn init_pid(&self) -> i32;
-    /// A byte stream to the agent's gRPC server.
+    /// A new byte stream to the agent's gRPC server; may be called again to
+    /// reconnect.
     fn connect_agent(&self) -> Result<UnixStream>;
-    /// Stops every process of the sandbox from running, and lets them go again.
+    /// Stops every process of the sandbox from running, and lets them go
+    /// again. How is the backend's business (cgroup freezer, stopped vCPUs).
     fn pause(&self) -> Result<()>;
     fn resume(&self) -> Result<()>;
     /// Kills the sandbox. Idempotent.
     fn kill(&self);
-    /// Blocks until the sandbox's init has exited; returns its wait status text.
-    fn wait(&self) -> String;
+    /// Blocks until the sandbox has ended.
+    fn wait(&self) -> SandboxExit;
+    /// The last lines the sandbox wrote to its console, for error reports.
+    fn console_tail(&self) -> String {
+        String::new()
+    }
 }
 
 /// A way to start sandboxes.
 pub trait Backend {
     /// Starts the sandbox. Called while the worker is still single-threaded.
     fn start(&self, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>>;
+    /// Every thread this backend's worker runs, and its seccomp filter.
+    fn threads(&self) -> &'static [ThreadFilter];
 }
 
-/// The backend for `kind`.
-pub fn for_kind(kind: BackendKind) -> Result<Box<dyn Backend>> {
-    match kind {
-        BackendKind::Ns => Ok(Box::new(crate::ns::NsBackend)),
-        BackendKind::Vm => Err(WorkerError::Start("the vm backend is not available in this build".into())),
+/// The backend a configuration asks for.
+pub fn for_config(cfg: &WorkerConfig) -> Result<Box<dyn Backend>> {
+    match &cfg.backend {
+        Some(BackendConfig::Ns(_)) => Ok(Box::new(crate::ns::NsBackend)),
+        Some(BackendConfig::Vm(_)) => crate::vm::backend(),
+        None => Err(WorkerError::Config("no backend part (ns or vm)".into())),
     }
 }

@@ -1,16 +1,56 @@
-//! What the broker tells a worker at spawn time (`--config JSON`).
+//! What the broker tells a worker: `pvisor.worker.v1.WorkerConfig`, one
+//! encoded proto message on the configuration pipe ([`crate::launch::CONFIG_FD`]).
+//! Common fields plus the backend's own part (`ns` or `vm`), so a field renamed
+//! on one side is a compile error on the other, not a silent default.
+//!
+//! The worker's own types ([`Limits`], [`IdMap`], [`GroupPaths`]) convert to
+//! and from their proto messages here, in one place.
 use crate::cgroup::GroupPaths;
+use crate::error::{Result, WorkerError};
+use pvisor_proto::worker as pb;
+pub use pvisor_proto::worker::worker_config::Backend as BackendConfig;
+pub use pvisor_proto::worker::{ImageDisk, NsConfig, VmConfig, VmEngine, WorkerConfig};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// Which backend runs a sandbox.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// Namespace jail (user/pid/mount/net/ipc/uts/cgroup namespaces).
     #[default]
     Ns,
-    /// KVM microVM (a later issue).
+    /// KVM microVM.
     Vm,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Ns => "ns",
+            BackendKind::Vm => "vm",
+        }
+    }
+
+    /// The kind of a configuration's backend part, if it has one.
+    pub fn of(cfg: &WorkerConfig) -> Option<BackendKind> {
+        match cfg.backend {
+            Some(BackendConfig::Ns(_)) => Some(BackendKind::Ns),
+            Some(BackendConfig::Vm(_)) => Some(BackendKind::Vm),
+            None => None,
+        }
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "ns" => Ok(BackendKind::Ns),
+            "vm" => Ok(BackendKind::Vm),
+            _ => Err(format!("unknown backend {s:?} (ns or vm)")),
+        }
+    }
 }
 
 /// Resource limits of the whole sandbox group (worker included).
@@ -25,6 +65,18 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits { cpu_millis: 1000, memory_bytes: 512 << 20, pids: 4096 }
+    }
+}
+
+impl From<Limits> for pb::Limits {
+    fn from(l: Limits) -> Self {
+        pb::Limits { cpu_millis: l.cpu_millis, memory_bytes: l.memory_bytes, pids: l.pids }
+    }
+}
+
+impl From<pb::Limits> for Limits {
+    fn from(l: pb::Limits) -> Self {
+        Limits { cpu_millis: l.cpu_millis, memory_bytes: l.memory_bytes, pids: l.pids }
     }
 }
 
@@ -50,27 +102,73 @@ impl IdMap {
     }
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct WorkerConfig {
+impl From<IdMap> for pb::IdMap {
+    fn from(m: IdMap) -> Self {
+        pb::IdMap { uid_base: m.uid_base, gid_base: m.gid_base, count: m.count }
+    }
+}
+
+impl From<pb::IdMap> for IdMap {
+    fn from(m: pb::IdMap) -> Self {
+        IdMap { uid_base: m.uid_base, gid_base: m.gid_base, count: m.count }
+    }
+}
+
+impl From<&GroupPaths> for pb::CgroupPaths {
+    fn from(g: &GroupPaths) -> Self {
+        let s = |p: &PathBuf| p.to_string_lossy().into_owned();
+        pb::CgroupPaths {
+            v2: g.v2.as_ref().map(s).unwrap_or_default(),
+            v1: g.v1.iter().map(|(k, v)| (k.clone(), s(v))).collect(),
+        }
+    }
+}
+
+impl From<&pb::CgroupPaths> for GroupPaths {
+    fn from(g: &pb::CgroupPaths) -> Self {
+        GroupPaths {
+            v2: (!g.v2.is_empty()).then(|| PathBuf::from(&g.v2)),
+            v1: g.v1.iter().map(|(k, v)| (k.clone(), PathBuf::from(v))).collect(),
+        }
+    }
+}
+
+/// The parts of a [`WorkerConfig`] every backend uses, checked and in the
+/// worker's own types.
+#[derive(Clone, Debug)]
+pub struct Common {
     pub sandbox_id: String,
-    #[serde(default)]
-    pub backend: BackendKind,
-    /// Inherited listening Unix socket the worker serves gRPC on.
-    pub listen_fd: i32,
-    /// Inherited read end of a pipe whose write end the broker holds: EOF
-    /// means the broker is gone and the sandbox must go too.
-    pub lifeline_fd: i32,
-    /// The sandbox's cgroup (created and limited by the broker).
     pub cgroup: Option<GroupPaths>,
     pub limits: Limits,
-    /// Read-only image tree (overlay lower layer).
-    pub image_root: PathBuf,
-    /// Per-sandbox directory for the writable layer.
-    pub state_dir: PathBuf,
-    pub ids: IdMap,
     pub hostname: String,
-    /// The agent binary, started as the sandbox's init.
-    pub agent_path: PathBuf,
-    /// Passed verbatim to the agent (image defaults and entrypoint).
-    pub agent_config: serde_json::Value,
+}
+
+impl Common {
+    pub fn of(cfg: &WorkerConfig) -> Result<Common> {
+        if cfg.sandbox_id.is_empty() {
+            return Err(WorkerError::Config("sandbox_id is empty".into()));
+        }
+        let limits = cfg.limits.ok_or_else(|| WorkerError::Config("limits missing".into()))?;
+        Ok(Common {
+            sandbox_id: cfg.sandbox_id.clone(),
+            cgroup: cfg.cgroup.as_ref().map(GroupPaths::from),
+            limits: limits.into(),
+            hostname: cfg.hostname.clone(),
+        })
+    }
+}
+
+/// Decodes a configuration as read from the pipe.
+pub fn decode(bytes: &[u8]) -> Result<WorkerConfig> {
+    let cfg = <WorkerConfig as prost::Message>::decode(bytes).map_err(|e| WorkerError::Config(e.to_string()))?;
+    if cfg.backend.is_none() {
+        return Err(WorkerError::Config("no backend part (ns or vm)".into()));
+    }
+    Common::of(&cfg)?;
+    Ok(cfg)
+}
+
+/// Encodes a configuration for the pipe.
+pub fn encode(cfg: &WorkerConfig) -> Vec<u8> {
+    prost::Message::encode_to_vec(cfg)
 }

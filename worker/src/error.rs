@@ -9,6 +9,10 @@ pub enum WorkerError {
     NoCgroup(String),
     #[error("sandbox start failed: {0}")]
     Start(String),
+    #[error("bad worker configuration: {0}")]
+    Config(String),
+    #[error("the {0} backend is not available: {1}")]
+    Unavailable(&'static str, String),
     #[error("{what}: {source}")]
     Sys { what: String, source: io::Error },
     #[error("seccomp: {0}")]

@@ -73,13 +73,10 @@ pub fn pass_fds<const N: usize>(cmd: &mut Command, fds: [RawFd; N]) {
     }
 }
 
-/// Hands a waiting worker its configuration.
+/// Hands a waiting worker its configuration (one encoded
+/// `pvisor.worker.v1.WorkerConfig`), then closes the pipe.
 pub fn send_config(config_pipe: OwnedFd, cfg: &WorkerConfig) -> std::io::Result<()> {
-    let mut cfg = cfg.clone();
-    cfg.listen_fd = LISTEN_FD;
-    cfg.lifeline_fd = LIFELINE_FD;
-    let json = serde_json::to_vec(&cfg).map_err(std::io::Error::other)?;
-    std::fs::File::from(config_pipe).write_all(&json)
+    std::fs::File::from(config_pipe).write_all(&crate::config::encode(cfg))
 }
 
 /// Opens a gRPC channel to a Unix socket (a worker's, or an agent's in tests).

@@ -2,7 +2,7 @@
 //!
 //! The broker forks a worker for every sandbox. The worker joins the sandbox's
 //! cgroup, starts the sandbox through a [`backend::Backend`] (the namespace
-//! jail of [`ns`] today, a KVM microVM later), installs its own seccomp filter
+//! jail of [`ns`], or the KVM microVM of [`vm`]), installs its own seccomp filter
 //! and serves gRPC on a Unix socket: its own `pvisor.worker.v1.Worker`
 //! service, the sandbox agent's `pvisor.agent.v1.Agent` service forwarded
 //! verbatim, and server reflection.
@@ -17,7 +17,17 @@ pub mod harden;
 pub mod launch;
 pub mod ns;
 pub mod service;
+pub mod threads;
+pub mod vm;
 
 /// Set once the broker asked the worker to stop: the sandbox's end is then
 /// expected, not a crash.
 pub static SHUTTING_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// How long a worker waits for its agent to answer `Configure`. Below the
+/// broker's ready timeout, so the worker's reason (and the guest's console)
+/// reaches the broker before the broker gives up.
+pub const AGENT_READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(18);
+
+/// How long the broker waits for a worker to report its sandbox ready.
+pub const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);

@@ -1,18 +1,21 @@
-//! pvisor-worker: `pvisor-worker --config JSON`, spawned by the broker.
+//! pvisor-worker, spawned by the broker: `pvisor-worker [--cgroup JSON]`,
+//! then its configuration (an encoded `pvisor.worker.v1.WorkerConfig`) on
+//! fd 5, the gRPC socket on fd 3 and the broker's lifeline on fd 4.
 use pvisor_proto::agent::agent_client::AgentClient;
 use pvisor_proto::worker::worker_server::WorkerServer;
 use pvisor_proto::worker::ReadyReply;
 use pvisor_worker::backend::{self, Sandbox};
 use pvisor_worker::cgroup::{GroupPaths, SANDBOX_LEAF};
-use pvisor_worker::config::WorkerConfig;
+use pvisor_worker::config::{self, Common, WorkerConfig};
 use pvisor_worker::forward::AgentForward;
-use pvisor_worker::launch::CONFIG_FD;
-use pvisor_worker::service::{FreezeScope, Readiness, WorkerService};
-use pvisor_worker::{agent_link, SHUTTING_DOWN};
+use pvisor_worker::launch::{CONFIG_FD, LIFELINE_FD, LISTEN_FD};
+use pvisor_worker::service::{Readiness, WorkerService};
+use pvisor_worker::threads::{filter_of, Thread};
+use pvisor_worker::{agent_link, AGENT_READY_TIMEOUT, SHUTTING_DOWN};
 use std::os::fd::{FromRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::watch;
 
 fn fail(msg: impl std::fmt::Display) -> ! {
@@ -27,7 +30,7 @@ fn set_cloexec(fd: RawFd) {
     }
 }
 
-/// `pvisor-worker [--cgroup JSON]`: joins the cgroup, then waits for the
+/// Joins the cgroup named on the command line, then waits for the
 /// configuration on [`CONFIG_FD`]. Returns None when the pipe closes empty
 /// (the broker retired this warm worker).
 fn join_and_wait() -> Option<WorkerConfig> {
@@ -45,14 +48,14 @@ fn join_and_wait() -> Option<WorkerConfig> {
     // SAFETY: the broker passed the read end of the config pipe at CONFIG_FD;
     // nothing else in this process owns it.
     let mut pipe = unsafe { std::fs::File::from_raw_fd(CONFIG_FD) };
-    let mut json = Vec::new();
-    if let Err(e) = std::io::Read::read_to_end(&mut pipe, &mut json) {
+    let mut bytes = Vec::new();
+    if let Err(e) = std::io::Read::read_to_end(&mut pipe, &mut bytes) {
         fail(format!("reading configuration: {e}"));
     }
-    if json.is_empty() {
+    if bytes.is_empty() {
         return None;
     }
-    Some(serde_json::from_slice(&json).unwrap_or_else(|e| fail(format!("bad configuration: {e}"))))
+    Some(config::decode(&bytes).unwrap_or_else(|e| fail(e)))
 }
 
 /// Exits the worker when the broker's end of the lifeline closes.
@@ -68,14 +71,19 @@ fn watch_lifeline(fd: RawFd, sandbox: Option<Arc<dyn Sandbox>>) {
     });
 }
 
-/// Exits the worker when the sandbox's init ends (a crash unless shutting down).
+/// Exits the worker when the sandbox ends (a crash unless shutting down).
 fn watch_sandbox(sandbox: Arc<dyn Sandbox>) {
     std::thread::spawn(move || {
-        let status = sandbox.wait();
+        let exit = sandbox.wait();
         if SHUTTING_DOWN.load(Ordering::SeqCst) {
             std::process::exit(0);
         }
-        eprintln!("pvisor-worker: sandbox init {status}");
+        let tail = sandbox.console_tail();
+        if tail.is_empty() {
+            eprintln!("pvisor-worker: sandbox {exit}");
+        } else {
+            eprintln!("pvisor-worker: sandbox {exit}; console: {tail}");
+        }
         std::process::exit(10);
     });
 }
@@ -88,30 +96,31 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
-    set_cloexec(cfg.listen_fd);
-    set_cloexec(cfg.lifeline_fd);
+    set_cloexec(LISTEN_FD);
+    set_cloexec(LIFELINE_FD);
     pvisor_worker::harden::protect_worker();
-    // Start the sandbox while this process is still single-threaded.
-    let started = backend::for_kind(cfg.backend).and_then(|b| b.start(&cfg));
+    let common = Common::of(&cfg).unwrap_or_else(|e| fail(e));
+    // Start the sandbox while this process is still single-threaded. Threads
+    // the backend starts (a VMM's vCPUs and devices) install their own filters.
+    let backend = backend::for_config(&cfg);
+    let filter = backend.as_ref().ok().and_then(|b| filter_of(b.threads(), Thread::Api));
+    let started = backend.and_then(|b| b.start(&cfg));
     let t_started = t0.elapsed();
-    // The sandbox inherited the worker's `sandbox` leaf. The worker leaves
-    // the freeze scope only when a pause first needs it: a cgroup migration
-    // waits for an RCU grace period (~15 ms here) and blocks every fork in
-    // the meantime, so it stays off the create and first-command path.
-    let separated = FreezeScope::new(cfg.cgroup.clone());
     let (sandbox, initial) = match started {
         Ok(s) => (Some(Arc::<dyn Sandbox>::from(s)), Readiness::Starting),
         Err(e) => {
-            tracing::error!(sandbox = %cfg.sandbox_id, "{e}");
+            tracing::error!(sandbox = %common.sandbox_id, "{e}");
             (None, Readiness::Failed(e.to_string()))
         }
     };
-    match pvisor_seccomp::worker_filter().and_then(|f| pvisor_seccomp::apply_to_thread(&f)) {
+    // The main thread's filter, inherited by the watcher threads below.
+    let filter = filter.unwrap_or(pvisor_seccomp::FilterKind::Worker);
+    match pvisor_seccomp::filter(filter).and_then(|f| pvisor_seccomp::apply_to_thread(&f)) {
         Ok(()) => {}
         Err(e) => fail(format!("seccomp: {e}")),
     }
     tracing::debug!(started = ?t_started, seccomp = ?t0.elapsed(), "worker start-up");
-    watch_lifeline(cfg.lifeline_fd, sandbox.clone());
+    watch_lifeline(LIFELINE_FD, sandbox.clone());
     if let Some(sb) = &sandbox {
         watch_sandbox(sb.clone());
     }
@@ -120,14 +129,14 @@ fn main() {
         let (ready_tx, ready_rx) = watch::channel(initial);
         // SAFETY: the broker passed a listening Unix socket at this fd number,
         // owned by nobody else in this process.
-        let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(cfg.listen_fd) };
+        let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(LISTEN_FD) };
         listener.set_nonblocking(true).unwrap_or_else(|e| fail(e));
         let listener = tokio::net::UnixListener::from_std(listener).unwrap_or_else(|e| fail(e));
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pvisor_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
             .unwrap_or_else(|e| fail(e));
-        let svc = WorkerService::new(sandbox.clone(), ready_rx, cfg.cgroup.clone(), cfg.limits, separated);
+        let svc = WorkerService::new(sandbox.clone(), ready_rx, common.cgroup.clone(), common.limits);
         let mut router =
             tonic::transport::Server::builder().add_service(WorkerServer::new(svc)).add_service(reflection);
         if let Some(sb) = sandbox.clone() {
@@ -135,10 +144,9 @@ fn main() {
                 Ok(channel) => {
                     router = router.add_service(AgentForward::new(channel.clone()));
                     let mut client = AgentClient::new(channel);
+                    let agent_cfg = cfg.agent.clone().unwrap_or_default();
                     tokio::spawn(async move {
-                        let r =
-                            tokio::time::timeout(Duration::from_secs(20), client.ping(pvisor_proto::agent::Empty {}))
-                                .await;
+                        let r = tokio::time::timeout(AGENT_READY_TIMEOUT, client.configure(agent_cfg)).await;
                         let state = match r {
                             Ok(Ok(p)) => Readiness::Ready(ReadyReply {
                                 backend: sb.backend().into(),
@@ -146,8 +154,15 @@ fn main() {
                                 agent_version: p.into_inner().version,
                                 boot_us: t0.elapsed().as_micros() as u64,
                             }),
-                            Ok(Err(e)) => Readiness::Failed(format!("agent ping: {}", e.message())),
-                            Err(_) => Readiness::Failed("the agent did not answer within 20 s".into()),
+                            Ok(Err(e)) => Readiness::Failed(format!("configuring the agent: {}", e.message())),
+                            Err(_) => {
+                                let tail = sb.console_tail();
+                                let mut m = format!("the agent did not answer within {} s", AGENT_READY_TIMEOUT.as_secs());
+                                if !tail.is_empty() {
+                                    m.push_str(&format!("; console: {tail}"));
+                                }
+                                Readiness::Failed(m)
+                            }
                         };
                         let _ = ready_tx.send(state);
                     });

@@ -17,34 +17,12 @@ pub enum Readiness {
     Failed(String),
 }
 
-/// Whether the worker still shares the sandbox's freeze scope; it steps out
-/// (once) before the first pause.
-#[derive(Clone)]
-pub struct FreezeScope(Arc<Mutex<Option<GroupPaths>>>);
-
-impl FreezeScope {
-    pub fn new(group: Option<GroupPaths>) -> Self {
-        FreezeScope(Arc::new(Mutex::new(group)))
-    }
-
-    /// Moves the worker into its own leaf where freezing needs it; idempotent.
-    pub fn separate(&self) -> crate::error::Result<()> {
-        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(group) = g.as_ref() {
-            group.join_freeze_scope(crate::cgroup::WORKER_LEAF, std::process::id() as i32)?;
-            *g = None;
-        }
-        Ok(())
-    }
-}
-
 pub struct WorkerService {
     pub sandbox: Option<Arc<dyn Sandbox>>,
     pub ready: watch::Receiver<Readiness>,
     pub cgroup: Option<GroupPaths>,
     pub limits: Limits,
     cpu_sample: Mutex<(Instant, u64)>,
-    separated: FreezeScope,
 }
 
 impl WorkerService {
@@ -53,10 +31,9 @@ impl WorkerService {
         ready: watch::Receiver<Readiness>,
         cgroup: Option<GroupPaths>,
         limits: Limits,
-        separated: FreezeScope,
     ) -> Self {
         let used = cgroup.as_ref().and_then(|g| g.cpu_usage_us()).unwrap_or(0);
-        WorkerService { sandbox, ready, cgroup, limits, cpu_sample: Mutex::new((Instant::now(), used)), separated }
+        WorkerService { sandbox, ready, cgroup, limits, cpu_sample: Mutex::new((Instant::now(), used)) }
     }
 
     fn sandbox(&self) -> Result<Arc<dyn Sandbox>, Status> {
@@ -109,14 +86,7 @@ impl Worker for WorkerService {
 
     async fn pause(&self, _: Request<Empty>) -> Result<Response<Empty>, Status> {
         let sb = self.sandbox()?;
-        let separated = self.separated.clone();
-        blocking_status(
-            tokio::task::spawn_blocking(move || {
-                separated.separate()?;
-                sb.pause()
-            })
-            .await,
-        )
+        blocking_status(tokio::task::spawn_blocking(move || sb.pause()).await)
     }
 
     async fn resume(&self, _: Request<Empty>) -> Result<Response<Empty>, Status> {

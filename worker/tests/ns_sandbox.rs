@@ -11,7 +11,8 @@ use pvisor_proto::agent::{exec_event, ExecRequest};
 use pvisor_proto::worker::worker_client::WorkerClient;
 use pvisor_proto::worker::Empty;
 use pvisor_worker::cgroup::{GroupPaths, Layout};
-use pvisor_worker::config::{IdMap, Limits, WorkerConfig};
+use pvisor_proto::agent::AgentConfig;
+use pvisor_worker::config::{BackendConfig, IdMap, Limits, NsConfig, WorkerConfig};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -72,17 +73,16 @@ async fn start(env: &Env, image_root: Option<PathBuf>, limits: Limits) -> Worker
     let (cfg_rd, cfg_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     let cfg = WorkerConfig {
         sandbox_id: "test".into(),
-        backend: Default::default(),
-        listen_fd: 3,
-        lifeline_fd: 4,
-        cgroup: cgroup.clone(),
-        limits,
-        image_root: root,
-        state_dir: dir.path().join("state"),
-        ids: IdMap::for_current_user(Some(100000)),
+        cgroup: cgroup.as_ref().map(pvisor_proto::worker::CgroupPaths::from),
+        limits: Some(limits.into()),
         hostname: "sandbox-test".into(),
-        agent_path: env.agent.clone(),
-        agent_config: serde_json::json!({"entrypoint": ["sleep", "1000"]}),
+        agent: Some(AgentConfig { entrypoint: vec!["sleep".into(), "1000".into()], ..Default::default() }),
+        backend: Some(BackendConfig::Ns(NsConfig {
+            image_root: root.to_string_lossy().into_owned(),
+            state_dir: dir.path().join("state").to_string_lossy().into_owned(),
+            ids: Some(IdMap::for_current_user(Some(100000)).into()),
+            agent_path: env.agent.to_string_lossy().into_owned(),
+        })),
     };
     let log = std::fs::File::create(dir.path().join("worker.log")).unwrap();
     let fds = [listener.as_raw_fd(), life_rd.as_raw_fd(), cfg_rd.as_raw_fd()];

@@ -3,6 +3,7 @@ use super::error::{parse_json, ApiError, ApiResult};
 use super::limits;
 use super::models::*;
 use super::query::Query;
+use crate::sandbox::backend;
 use crate::sandbox::launch::{self, LaunchSpec};
 use crate::sandbox::record::rfc3339;
 use crate::sandbox::teardown::teardown;
@@ -14,6 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use pvisor_proto::agent::AgentConfig;
 use pvisor_proto::worker::worker_client::WorkerClient;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -169,6 +171,7 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         return Err(ApiError::bad_request("env keys must be non-empty and must not contain '='"));
     }
 
+    let backend = backend::choose(&ctx, req.extensions.as_ref())?;
     let record = resolve_image(&ctx, image).await?;
     let cfg = &record.config;
     let entrypoint = match &req.entrypoint {
@@ -179,19 +182,20 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     let mut env_list: Vec<String> = cfg.env.clone();
     env_list.push(format!("OPENSANDBOX_ID={id}"));
     env_list.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
-    let agent_config = serde_json::json!({
-        "env": env_list,
-        "workdir": cfg.working_dir,
-        "user": cfg.user,
-        "entrypoint": entrypoint,
-    });
+    let agent = AgentConfig {
+        env: env_list,
+        workdir: cfg.working_dir.clone(),
+        user: cfg.user.clone(),
+        entrypoint: entrypoint.clone(),
+        hostname: String::new(),
+    };
     let image_id = record.id.clone();
     let c = ctx.clone();
-    let image_root = tokio::task::spawn_blocking(move || c.mounts.ensure(&record))
+    let root = tokio::task::spawn_blocking(move || c.rootfs(backend).root(&record))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "IMAGE_SERVE_FAILED", e))?;
-    let spec = LaunchSpec { id: id.clone(), image_root, limits, agent_config };
+    let spec = LaunchSpec { id: id.clone(), root, limits, agent };
     let (runtime, child) = launch::launch(&ctx, &spec).await?;
     let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
     let log = runtime.log.clone();

@@ -41,6 +41,9 @@ pub struct CreateSandboxRequest {
     pub network_policy: Option<serde_json::Value>,
     #[serde(default)]
     pub lifecycle: Option<serde_json::Value>,
+    /// Opaque to OpenSandbox; pvisor reads `pvisor.io/backend` (`ns`, `vm`).
+    #[serde(default)]
+    pub extensions: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Serialize)]

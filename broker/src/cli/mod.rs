@@ -1,5 +1,6 @@
 //! CLI commands that talk to a running daemon over HTTP.
 pub mod client;
+pub mod doctor;
 pub mod exec;
 pub mod image;
 

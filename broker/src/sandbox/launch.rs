@@ -2,28 +2,46 @@
 //! then waiting for the worker to report the agent ready.
 use super::pool::{release_files, WarmWorker};
 use super::record::Runtime;
+use super::rootfs::RootFs;
 use super::teardown::teardown;
 use super::{SandboxEntry, State};
 use crate::api::error::ApiError;
 use crate::server::Ctx;
 use axum::http::StatusCode;
 use pvisor_proto::worker::worker_client::WorkerClient;
-use pvisor_worker::config::{Limits, WorkerConfig};
+use pvisor_proto::agent::AgentConfig;
+use pvisor_proto::worker as pb;
+use pvisor_worker::config::{BackendConfig, Limits, NsConfig, WorkerConfig};
+use pvisor_worker::READY_TIMEOUT;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 use tonic::transport::Channel;
 
-/// How long a worker may take to report its sandbox ready: below the SDK's
-/// 30 s request timeout, so a slow start fails (and is cleaned up) before
-/// the client gives up on a create it would never learn the id of.
-const READY_TIMEOUT: Duration = Duration::from_secs(20);
+// READY_TIMEOUT: how long a worker may take to report its sandbox ready:
+// below the SDK's 30 s request timeout, so a slow start fails (and is cleaned
+// up) before the client gives up on a create it would never learn the id of.
 
 pub struct LaunchSpec {
     pub id: String,
-    pub image_root: PathBuf,
+    pub root: RootFs,
     pub limits: Limits,
-    pub agent_config: serde_json::Value,
+    pub agent: AgentConfig,
+}
+
+/// The backend part of the worker's configuration.
+fn backend_config(ctx: &Ctx, spec: &LaunchSpec, state_dir: &Path) -> Result<BackendConfig, String> {
+    match &spec.root {
+        RootFs::Tree(image_root) => Ok(BackendConfig::Ns(NsConfig {
+            image_root: image_root.to_string_lossy().into_owned(),
+            state_dir: state_dir.to_string_lossy().into_owned(),
+            ids: Some(ctx.ids.into()),
+            agent_path: ctx.agent_bin.to_string_lossy().into_owned(),
+        })),
+        RootFs::Disk(disk) => {
+            let vm = ctx.vm.as_ref().map_err(|e| format!("the vm backend is not available on this server: {e}"))?;
+            vm.config(disk.clone(), &spec.limits, state_dir).map(BackendConfig::Vm)
+        }
+    }
 }
 
 fn start_failed(msg: impl Into<String>) -> ApiError {
@@ -45,19 +63,20 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
         if let Some(g) = &cgroup {
             g.set_limits(&spec.limits).map_err(|e| e.to_string())?;
         }
+        let backend = backend_config(ctx, spec, &state_dir)?;
+        let hostname = format!("sandbox-{}", &spec.id[..8.min(spec.id.len())]);
+        let mut agent = spec.agent.clone();
+        if matches!(backend, BackendConfig::Vm(_)) {
+            // A guest's agent names its own host; an ns init already did.
+            agent.hostname = hostname.clone();
+        }
         let cfg = WorkerConfig {
             sandbox_id: spec.id.clone(),
-            backend: Default::default(),
-            listen_fd: pvisor_worker::launch::LISTEN_FD,
-            lifeline_fd: pvisor_worker::launch::LIFELINE_FD,
-            cgroup: cgroup.clone(),
-            limits: spec.limits,
-            image_root: spec.image_root.clone(),
-            state_dir: state_dir.clone(),
-            ids: ctx.ids,
-            hostname: format!("sandbox-{}", &spec.id[..8.min(spec.id.len())]),
-            agent_path: ctx.agent_bin.clone(),
-            agent_config: spec.agent_config.clone(),
+            cgroup: cgroup.as_ref().map(pb::CgroupPaths::from),
+            limits: Some(spec.limits.into()),
+            hostname,
+            agent: Some(agent),
+            backend: Some(backend),
         };
         pvisor_worker::launch::send_config(config, &cfg).map_err(|e| format!("configure worker: {e}"))
     })();

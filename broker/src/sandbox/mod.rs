@@ -1,12 +1,15 @@
 //! Sandboxes as the broker sees them: records, the registry, launching a
 //! worker, tearing one down and expiring them.
+pub mod backend;
 pub mod expiry;
 pub mod images;
 pub mod launch;
 pub mod pool;
 pub mod record;
 pub mod registry;
+pub mod rootfs;
 pub mod teardown;
+pub mod vm;
 
 pub use record::{SandboxEntry, State};
 pub use registry::Registry;

@@ -1,46 +1,54 @@
 //! The ns backend: the agent as PID 1 of a namespace jail.
 //!
 //! * [`spawn`]: the worker side — clone into new user, pid, mount, net, ipc
-//!   and uts namespaces, write the id maps, place the child in the sandbox
-//!   cgroup, release it and learn whether it reached the agent.
+//!   and uts namespaces, write the id maps, release the child (it inherited
+//!   the worker's `sandbox` cgroup leaf) and learn whether it reached the agent.
 //! * [`init`]: the child side — identity, cgroup namespace, root filesystem,
 //!   hostname, loopback, capabilities, seccomp, exec of the agent.
 //! * [`mounts`]: the root filesystem (overlay, /proc, /dev, /tmp, pivot_root).
 //! * [`net`]: bringing up loopback.
+//! * [`freeze`]: pausing by the cgroup freezer.
+pub mod freeze;
 pub mod init;
 pub mod mounts;
 pub mod net;
 pub mod spawn;
 
-use crate::backend::{Backend, Sandbox};
-use crate::cgroup::{GroupPaths, SANDBOX_LEAF};
-use crate::config::WorkerConfig;
+use crate::backend::{Backend, Sandbox, SandboxExit};
+use crate::config::{BackendConfig, Common, WorkerConfig};
 use crate::error::{Result, WorkerError};
+use crate::threads::{ThreadFilter, COMMON};
+use freeze::FreezeScope;
 use nix::sys::signal::{kill, Signal};
+use nix::sys::socket::{sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Mutex;
 
 pub struct NsBackend;
 
 impl Backend for NsBackend {
     fn start(&self, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>> {
-        let (pid, stream) = spawn::start(cfg)?;
-        Ok(Box::new(NsSandbox { pid, stream: Mutex::new(Some(stream)), cgroup: cfg.cgroup.clone() }))
+        let common = Common::of(cfg)?;
+        let Some(BackendConfig::Ns(ns)) = &cfg.backend else {
+            return Err(WorkerError::Config("the ns backend needs an ns part".into()));
+        };
+        let (pid, connections) = spawn::start(&common, ns)?;
+        Ok(Box::new(NsSandbox { pid, connections, freeze: FreezeScope::new(common.cgroup) }))
+    }
+
+    fn threads(&self) -> &'static [ThreadFilter] {
+        &COMMON
     }
 }
 
 pub struct NsSandbox {
     pid: i32,
-    stream: Mutex<Option<UnixStream>>,
-    cgroup: Option<GroupPaths>,
-}
-
-impl NsSandbox {
-    fn cgroup(&self) -> Result<&GroupPaths> {
-        self.cgroup.as_ref().ok_or_else(|| WorkerError::NoCgroup("sandbox has no cgroup".into()))
-    }
+    /// The worker's end of the agent's connection socket: each message
+    /// carries a new stream for the agent to serve.
+    connections: OwnedFd,
+    freeze: FreezeScope,
 }
 
 impl Sandbox for NsSandbox {
@@ -53,37 +61,42 @@ impl Sandbox for NsSandbox {
     }
 
     fn connect_agent(&self) -> Result<UnixStream> {
-        self.stream
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .ok_or_else(|| WorkerError::Agent("the agent connection was already taken".into()))
+        let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
+            .map_err(|e| WorkerError::sys("socketpair", e))?;
+        let fds = [theirs.as_raw_fd()];
+        sendmsg::<()>(
+            self.connections.as_raw_fd(),
+            &[std::io::IoSlice::new(&[0])],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .map_err(|e| WorkerError::Agent(format!("passing a connection to the agent: {e}")))?;
+        Ok(UnixStream::from(ours))
     }
 
     fn pause(&self) -> Result<()> {
-        self.cgroup()?.freeze(SANDBOX_LEAF, true)
+        self.freeze.freeze(true)
     }
 
     fn resume(&self) -> Result<()> {
-        self.cgroup()?.freeze(SANDBOX_LEAF, false)
+        self.freeze.freeze(false)
     }
 
     fn kill(&self) {
         // Killing PID 1 of the pid namespace kills every process in it.
         let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
-        if let Some(g) = &self.cgroup {
-            let _ = g.freeze(SANDBOX_LEAF, false);
-        }
+        let _ = self.freeze.thaw_for_kill();
     }
 
-    fn wait(&self) -> String {
+    fn wait(&self) -> SandboxExit {
         loop {
             match waitpid(Pid::from_raw(self.pid), None) {
-                Ok(WaitStatus::Exited(_, code)) => return format!("exited with code {code}"),
-                Ok(WaitStatus::Signaled(_, sig, _)) => return format!("killed by {sig}"),
+                Ok(WaitStatus::Exited(_, code)) => return SandboxExit::Exited(code),
+                Ok(WaitStatus::Signaled(_, sig, _)) => return SandboxExit::Signaled(sig.to_string()),
                 Ok(_) => continue,
                 Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return format!("wait failed: {e}"),
+                Err(e) => return SandboxExit::Failed(format!("wait: {e}")),
             }
         }
     }

@@ -1,6 +1,6 @@
 //! The worker side of starting an ns sandbox.
 use super::init::{self, InitArgs, AGENT_FD};
-use crate::config::{IdMap, WorkerConfig};
+use crate::config::{Common, IdMap, NsConfig};
 use crate::error::{Result, WorkerError};
 use nix::fcntl::OFlag;
 use nix::sched::CloneFlags;
@@ -8,7 +8,6 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use std::ffi::CString;
 use std::fs;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 const STACK_SIZE: usize = 512 * 1024;
@@ -53,38 +52,42 @@ fn read_to_end(fd: &OwnedFd) -> String {
 }
 
 /// Clones the sandbox init and waits until it has exec'd the agent.
-/// Returns the init's host pid and the worker's end of the agent connection.
-pub fn start(cfg: &WorkerConfig) -> Result<(i32, UnixStream)> {
-    let upper = cfg.state_dir.join("upper");
-    let work = cfg.state_dir.join("work");
+/// Returns the init's host pid and the worker's end of the agent's
+/// connection socket.
+pub fn start(common: &Common, ns: &NsConfig) -> Result<(i32, OwnedFd)> {
+    let ids: IdMap = ns.ids.ok_or_else(|| WorkerError::Config("ns: ids missing".into()))?.into();
+    let state_dir = Path::new(&ns.state_dir);
+    let agent_path = Path::new(&ns.agent_path);
+    if ns.image_root.is_empty() || ns.state_dir.is_empty() || ns.agent_path.is_empty() {
+        return Err(WorkerError::Config("ns: image_root, state_dir and agent_path are required".into()));
+    }
+    let upper = state_dir.join("upper");
+    let work = state_dir.join("work");
     for d in [&upper, &work] {
-        mkdir_owned(d, &cfg.ids)?;
+        mkdir_owned(d, &ids)?;
     }
 
-    let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
+    // Datagram-like (SEQPACKET): one message per connection, each carrying
+    // one stream socket for the agent to serve.
+    let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
         .map_err(|e| WorkerError::sys("socketpair", e))?;
     let (go_rd, go_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| WorkerError::sys("pipe", e))?;
     let (err_rd, err_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| WorkerError::sys("pipe", e))?;
-    let agent_exe: OwnedFd = fs::File::open(&cfg.agent_path)
-        .map_err(|e| WorkerError::sys(format!("open agent {}", cfg.agent_path.display()), e))?
+    let agent_exe: OwnedFd = fs::File::open(agent_path)
+        .map_err(|e| WorkerError::sys(format!("open agent {}", agent_path.display()), e))?
         .into();
-    let config = serde_json::to_string(&cfg.agent_config).map_err(|e| WorkerError::Start(e.to_string()))?;
     let args = InitArgs {
         go: go_rd,
         err: err_wr,
         agent_sock: theirs,
         agent_exe,
-        lower: cfg.image_root.clone(),
+        lower: ns.image_root.clone().into(),
         upper,
         work,
-        hostname: cfg.hostname.clone(),
+        hostname: common.hostname.clone(),
         argv: vec![cstr("pvisor-agent")?, cstr("--fd")?, cstr(&AGENT_FD.to_string())?],
-        // Not on the command line (world-readable); the agent is non-dumpable,
-        // so its environment is not readable from inside the sandbox.
-        env: vec![
-            cstr("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")?,
-            cstr(&format!("PVISOR_AGENT_CONFIG={config}"))?,
-        ],
+        // The configuration arrives over the first connection (Agent.Configure).
+        env: vec![cstr("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")?],
     };
     let flags = CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
@@ -104,7 +107,7 @@ pub fn start(cfg: &WorkerConfig) -> Result<(i32, UnixStream)> {
     let pid = pid.as_raw();
     let t = std::time::Instant::now();
     let release = || -> Result<()> {
-        write_id_maps(pid, &cfg.ids)?;
+        write_id_maps(pid, &ids)?;
         // No cgroup move: the child inherited the worker's `sandbox` leaf.
         // OOM score, nice and RLIMIT_MEMLOCK come from the worker
         // (harden::protect_worker, before the clone).
@@ -128,5 +131,5 @@ pub fn start(cfg: &WorkerConfig) -> Result<(i32, UnixStream)> {
         return Err(WorkerError::Start(msg));
     }
     tracing::debug!(exec = ?t.elapsed(), "agent exec'd");
-    Ok((pid, UnixStream::from(ours)))
+    Ok((pid, ours))
 }

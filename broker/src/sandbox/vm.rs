@@ -1,0 +1,145 @@
+//! What the broker prepares for vm sandboxes: the guest kernel, the
+//! initramfs holding the agent as `/init`, and the scratch disk template (an
+//! empty ext4 made once; each sandbox gets a sparse copy as its writable disk).
+use pvisor_proto::worker::{ImageDisk, VmConfig, VmEngine};
+use pvisor_worker::config::Limits;
+use pvisor_worker::vm::host::{HostSupport, Virtualization};
+use std::path::{Path, PathBuf};
+
+/// Apparent size of each sandbox's scratch disk (sparse: only what the
+/// sandbox writes takes space).
+pub const SCRATCH_BYTES: u64 = 4 << 30;
+
+/// The guest's vsock CID. Every VM has a vsock device of its own whose host
+/// side is its worker, so the CID need not be unique across sandboxes.
+pub const GUEST_CID: u32 = 3;
+
+pub struct VmAssets {
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+    pub scratch_template: PathBuf,
+    pub engine: VmEngine,
+}
+
+/// The test engine's environment switch (`PVISOR_VM_ENGINE=qemu-tcg`).
+pub const ENGINE_ENV: &str = "PVISOR_VM_ENGINE";
+
+/// The engine this server runs guests with, or why none can.
+pub fn engine(host: &HostSupport) -> Result<VmEngine, String> {
+    match std::env::var(ENGINE_ENV).as_deref() {
+        Ok("qemu-tcg") => match which("qemu-system-x86_64") {
+            Some(_) => Ok(VmEngine::QemuTcg),
+            None => Err(format!("{ENGINE_ENV}=qemu-tcg, but qemu-system-x86_64 is not installed")),
+        },
+        Ok("kvm") | Err(_) => match (host.virtualization, &host.kvm_access) {
+            (Virtualization::Hardware, Ok(())) => Ok(VmEngine::Kvm),
+            (Virtualization::Hardware, Err(e)) => Err(e.clone()),
+            (v, _) => Err(format!(
+                "{}; a Linux guest needs hardware virtualization ({ENGINE_ENV}=qemu-tcg selects the test engine)",
+                v.describe()
+            )),
+        },
+        Ok(other) => Err(format!("{ENGINE_ENV}={other:?}: expected qemu-tcg or kvm")),
+    }
+}
+
+/// `name` on `PATH`.
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
+}
+
+impl VmAssets {
+    /// Checks the engine and the kernel and makes the initramfs and the
+    /// scratch template under `dir` (once; later starts reuse them).
+    pub fn prepare(dir: &Path, kernel: Option<&Path>, agent: &Path, host: &HostSupport) -> Result<VmAssets, String> {
+        let engine = engine(host)?;
+        let kernel = kernel.ok_or("no guest kernel (--guest-kernel or PVISOR_GUEST_KERNEL; scripts/guest-kernel.sh builds one)")?;
+        if !kernel.is_file() {
+            return Err(format!("guest kernel {} not found", kernel.display()));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let initramfs = dir.join("initramfs.cpio");
+        let cpio = pvisor_vmm::initramfs::agent_initramfs(agent).map_err(|e| format!("initramfs: {e}"))?;
+        write_atomically(&initramfs, &cpio)?;
+        let scratch_template = dir.join("scratch-template.ext4");
+        if !scratch_template.is_file() {
+            make_scratch_template(&scratch_template)?;
+        }
+        Ok(VmAssets { kernel: kernel.to_path_buf(), initramfs, scratch_template, engine })
+    }
+
+    /// The worker configuration's vm part for a sandbox in `state_dir`.
+    pub fn config(&self, disk: ImageDisk, limits: &Limits, state_dir: &Path) -> Result<VmConfig, String> {
+        let scratch = state_dir.join("scratch.img");
+        copy_sparse(&self.scratch_template, &scratch)?;
+        Ok(VmConfig {
+            kernel: self.kernel.to_string_lossy().into_owned(),
+            initramfs: self.initramfs.to_string_lossy().into_owned(),
+            root_disk: Some(disk),
+            scratch_disk: scratch.to_string_lossy().into_owned(),
+            vcpus: limits.cpu_millis.div_ceil(1000).clamp(1, 64) as u32,
+            memory_mib: (limits.memory_bytes >> 20).max(128),
+            guest_cid: GUEST_CID,
+            console_log: state_dir.join("console.log").to_string_lossy().into_owned(),
+            engine: self.engine as i32,
+            cmdline_extra: String::new(),
+        })
+    }
+}
+
+fn write_atomically(path: &Path, data: &[u8]) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// An empty ext4 of [`SCRATCH_BYTES`], sparse (lazy inode table and journal
+/// initialization: only metadata is written).
+fn make_scratch_template(path: &Path) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    let f = std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    f.set_len(SCRATCH_BYTES).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    drop(f);
+    let out = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", "-L", "pvisor-scratch"])
+        .arg(&tmp)
+        .output()
+        .map_err(|e| format!("mkfs.ext4 (package e2fsprogs): {e}"))?;
+    if !out.status.success() {
+        return Err(format!("mkfs.ext4: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Copies `from` to `to` keeping holes (SEEK_DATA/SEEK_HOLE), so a 4 GiB
+/// template with a few MiB of ext4 metadata costs a few MiB.
+pub fn copy_sparse(from: &Path, to: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    let err = |what: &str, e: std::io::Error| format!("{what}: {e}");
+    let src = std::fs::File::open(from).map_err(|e| err(&from.display().to_string(), e))?;
+    let len = src.metadata().map_err(|e| err("stat", e))?.len();
+    let dst = std::fs::File::create(to).map_err(|e| err(&to.display().to_string(), e))?;
+    dst.set_len(len).map_err(|e| err("truncate", e))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos: i64 = 0;
+    use std::os::fd::AsRawFd;
+    while (pos as u64) < len {
+        // SAFETY: lseek on an fd we own, with plain integer arguments.
+        let data = unsafe { libc::lseek(src.as_raw_fd(), pos, libc::SEEK_DATA) };
+        if data < 0 {
+            break; // ENXIO: no data past pos
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(src.as_raw_fd(), data, libc::SEEK_HOLE) };
+        let end = if hole < 0 { len as i64 } else { hole };
+        let mut off = data;
+        while off < end {
+            let n = ((end - off) as usize).min(buf.len());
+            src.read_exact_at(&mut buf[..n], off as u64).map_err(|e| err("read", e))?;
+            dst.write_all_at(&buf[..n], off as u64).map_err(|e| err("write", e))?;
+            off += n as i64;
+        }
+        pos = end;
+    }
+    Ok(())
+}
