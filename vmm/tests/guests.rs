@@ -168,3 +168,22 @@ fn a_flooding_guest_keeps_the_console_log_under_its_caps() {
     assert!(content.starts_with(TRUNCATED_MARKER), "the file was truncated and marked");
     assert!(content.ends_with(b"flood done\n"), "the file keeps the most recent output");
 }
+
+#[test]
+fn a_guest_kvm_cannot_run_fails_with_registers_and_console_tail() {
+    let (exit, _) = run(&guest("fetch_mmio"));
+    let VmExit::Failed { reason, console_tail } = exit else { panic!("expected a failure, got {exit:?}") };
+    assert!(reason.contains("vCPU 0"), "{reason}");
+    assert!(reason.contains("rip=0xc0000000"), "the registers are in the reason: {reason}");
+    assert_eq!(console_tail, "jumping into the MMIO gap");
+}
+
+#[test]
+fn a_second_vcpu_waiting_for_startup_does_not_keep_the_vm_alive() {
+    // vCPU 1 waits in KVM_RUN for an INIT/SIPI that never comes; when vCPU 0's guest exits,
+    // run() kicks it out and joins it.
+    let cfg = pvisor_vmm::VmConfig { vcpus: 2, ..config() };
+    let (exit, out) = run_with(&guest("hello"), cfg, |_| {});
+    assert_eq!(exit, VmExit::DebugExit(0x11));
+    assert_eq!(String::from_utf8_lossy(&out), "hello from the guest\n");
+}

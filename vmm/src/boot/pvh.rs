@@ -7,7 +7,7 @@
 //! mode at the entry with `ebx` pointing at `hvm_start_info`.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Seek};
 
 use linux_loader::cmdline::Cmdline;
 use linux_loader::loader::elf::start_info::{
@@ -112,8 +112,11 @@ fn write<T: vm_memory::ByteValued>(
 
 /// Reads the initramfs into the top of low RAM (page-aligned), above the kernel.
 fn load_initramfs(mem: &GuestMemoryMmap, file: &mut File, kernel_end: u64, low_end: u64) -> Result<(u64, u64), Error> {
+    // From the start, wherever the caller left the file position.
     let mut data = Vec::new();
-    file.read_to_end(&mut data).map_err(|source| Error::Read { what: "initramfs", source })?;
+    file.rewind()
+        .and_then(|()| file.read_to_end(&mut data))
+        .map_err(|source| Error::Read { what: "initramfs", source })?;
     let size = data.len() as u64;
     let addr = low_end.checked_sub(size).map(|a| a & !0xfff).filter(|a| *a >= kernel_end).ok_or(Error::TooLarge {
         what: "initramfs",
