@@ -201,7 +201,10 @@ pub fn rules(kind: FilterKind) -> &'static [Rule] {
     match kind {
         FilterKind::Sandbox => SANDBOX,
         FilterKind::ImageServer => IMAGE_SERVER,
-        FilterKind::Vcpu => vmm_rules::VCPU,
+        FilterKind::Vcpu => {
+            static VCPU_TABLE: OnceLock<Vec<Rule>> = OnceLock::new();
+            VCPU_TABLE.get_or_init(|| [vmm_rules::VCPU, vmm_rules::VCPU_VIRTIO].concat())
+        }
         FilterKind::VmmDevice => {
             static VMM_DEVICE_TABLE: OnceLock<Vec<Rule>> = OnceLock::new();
             VMM_DEVICE_TABLE.get_or_init(|| [vmm_rules::VMM_DEVICE, vmm_rules::VMM_DEVICE_VIRTIO].concat())
@@ -717,7 +720,9 @@ pub fn rules_markdown() -> String {
         md,
         "Installed by each vCPU thread of the VMM (vm backend) on itself before its first \
          `KVM_RUN`; device emulation on exits runs under it. An allow list: a syscall no row \
-         lets through kills the process. `ioctl` is pinned to the vCPU requests it needs. {}\n",
+         lets through kills the process. `ioctl` is pinned to the vCPU requests it needs; \
+         rows after the base list come from `VCPU_VIRTIO` in `src/vmm_rules.rs` (the \
+         virtio-mmio transport, emulated on the vCPU thread). {}\n",
         summary(rules(FilterKind::Vcpu))
     );
     plain_table(&mut md, rules(FilterKind::Vcpu));
