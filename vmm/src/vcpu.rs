@@ -10,6 +10,9 @@
 //! sends [`kick_signal`] to the thread, whose handler sets `kvm_run.immediate_exit`, so
 //! `KVM_RUN` returns `EINTR` whether the signal lands inside it or just before it. The caller
 //! sets the latch first; the vCPU sees it after the interrupted `KVM_RUN` and leaves.
+//!
+//! The kick signal's handler is process-wide: a process that runs VMs must not use
+//! `SIGRTMIN` for anything else.
 
 use std::cell::Cell;
 use std::ptr;

@@ -187,3 +187,30 @@ fn a_second_vcpu_waiting_for_startup_does_not_keep_the_vm_alive() {
     assert_eq!(exit, VmExit::DebugExit(0x11));
     assert_eq!(String::from_utf8_lossy(&out), "hello from the guest\n");
 }
+
+#[test]
+fn a_virtio_mmio_window_gets_its_ioeventfds_irqfd_and_cmdline() {
+    const MAGIC: u64 = 0x7472_6976; // "virt"
+    let device = Probe::new(MAGIC);
+    let magic_port = Probe::new(0);
+    let notify = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let (d, m, n) = (device.clone(), magic_port.clone(), notify.try_clone().unwrap());
+    let mut slot = None;
+    let mut cmdline = String::new();
+    let (exit, _) = run_with(&guest("virtio_notify"), config(), |b| {
+        let ioevent = pvisor_vmm::IoEventFd { addr: 0x50, datamatch: Some(0), fd: n };
+        slot = Some(b.add_virtio_mmio_device(d, vec![ioevent], &irq).unwrap());
+        b.add_pio_device(0x540, 4, m).unwrap();
+        cmdline = b.virtio_cmdline();
+    });
+    assert_eq!(exit, VmExit::DebugExit(0x17));
+    let slot = slot.unwrap();
+    assert_eq!((slot.addr, slot.gsi), (0xd000_0000, 5));
+    assert_eq!(cmdline, "virtio_mmio.device=4K@0xd0000000:5");
+    assert_eq!(notify.read().unwrap(), 1, "queue 0's notify went to the ioeventfd");
+    let device = device.lock().unwrap();
+    assert_eq!(device.writes, vec![(0x50, 1u32.to_le_bytes().to_vec())], "only queue 1's notify exited");
+    assert_eq!(device.reads, vec![(0, 4)]);
+    assert_eq!(magic_port.lock().unwrap().writes, vec![(0, (MAGIC as u32).to_le_bytes().to_vec())]);
+}
