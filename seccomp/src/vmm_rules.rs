@@ -118,6 +118,8 @@ pub static VMM_DEVICE: &[Rule] = &[
         "Half-closing a host socket when the guest shuts down one direction of a vsock stream."),
     rule!(SYS_close, Action::Allow, Always,
         "Closing host sockets of finished vsock connections."),
+    rule!(SYS_fcntl, Action::Allow, When::ArgIn { arg: 1, values: &[libc::F_GETFD as u64] },
+        "Rust's std checks that an fd is open before closing it (debug builds); F_GETFD only reads the close-on-exec flag."),
     // --- Memory (never executable) ----------------------------------------------------------
     rule!(SYS_mmap, Action::Allow, When::ArgMaskedEq { arg: 2, mask: libc::PROT_EXEC as u64, value: 0 },
         "Allocations and buffers; never executable memory."),

@@ -4,14 +4,21 @@
 //!
 //! The filter kills the whole process, so each probe runs in a child: this test binary
 //! re-executed with `PVISOR_VMM_PROBE=<syscall>` running only [`probe_child`].
+//!
+//! The device event loop filter likewise: a thread under it does what a vsock muxer does
+//! (epoll, Unix socket connect/accept/read/write/shutdown/close), and an `AF_INET` socket or an
+//! `ioctl` on it kills the process.
 
 mod common;
 
+use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 use std::process::Command;
 
 use pvisor_vmm::bus::BusDevice;
 use pvisor_vmm::VmExit;
+use vmm_sys_util::eventfd::EventFd;
 
 const PROBE_ENV: &str = "PVISOR_VMM_PROBE";
 
@@ -107,4 +114,94 @@ fn vcpu_filter_kills_openat() {
 #[test]
 fn vcpu_filter_kills_execve() {
     assert_killed_on_the_vcpu_thread("execve");
+}
+
+const DEVICE_PROBE_ENV: &str = "PVISOR_VMM_DEVICE_PROBE";
+
+/// What a vsock muxer does on the device thread: epoll on an eventfd, a Unix socket
+/// connection to a host listener (connect, accept, both directions, half-close, close).
+fn device_thread_work(listener: &std::os::unix::net::UnixListener, path: &Path, epoll: i32, event: &EventFd) {
+    use std::io::{Read, Write};
+    let mut client = std::os::unix::net::UnixStream::connect(path).unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    client.write_all(b"ping").unwrap();
+    let mut buf = [0u8; 4];
+    server.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ping");
+    server.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(client.read(&mut buf).unwrap(), 0, "EOF after the half-close");
+
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 7 };
+    // SAFETY: `epoll` and the eventfd are open fds owned by this test; `ev` outlives the calls.
+    let ret = unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, event.as_raw_fd(), &mut ev) };
+    assert_eq!(ret, 0);
+    event.write(1).unwrap();
+    let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    // SAFETY: `out` has room for the 4 events asked for.
+    let n = unsafe { libc::epoll_wait(epoll, out.as_mut_ptr(), 4, -1) };
+    assert_eq!(n, 1);
+    assert_eq!({ out[0].u64 }, 7);
+    assert_eq!(event.read().unwrap(), 1);
+}
+
+#[test]
+#[ignore = "helper of the device_filter_* tests: runs only in their child process"]
+fn device_probe_child() {
+    let probe = std::env::var(DEVICE_PROBE_ENV).expect("run by the device_filter_* tests");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vsock.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    // SAFETY: plain syscall; the fd is closed at the end of the test by exiting.
+    let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(epoll >= 0);
+    let event = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let filter = pvisor_seccomp::vmm_device_filter().unwrap();
+    std::thread::Builder::new()
+        .name("vmm-device".into())
+        .spawn(move || {
+            pvisor_seccomp::apply_to_thread(&filter).unwrap();
+            device_thread_work(&listener, &path, epoll, &event);
+            println!("device work done under the filter");
+            // SAFETY: raw syscalls with constant arguments; each returns an fd or fails.
+            let ret = unsafe {
+                match probe.as_str() {
+                    "inet" => libc::syscall(libc::SYS_socket, libc::AF_INET, libc::SOCK_STREAM, 0),
+                    "ioctl" => libc::syscall(libc::SYS_ioctl, 0, libc::FIONREAD, std::ptr::null_mut::<i32>()),
+                    "none" => 0,
+                    other => panic!("unknown probe {other}"),
+                }
+            };
+            println!("probe returned {ret}");
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+fn run_device_probe(probe: &str) -> (std::process::ExitStatus, String) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "device_probe_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(DEVICE_PROBE_ENV, probe)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("child ({probe}) stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    (out.status, stdout)
+}
+
+#[test]
+fn device_filter_lets_a_vsock_muxer_work() {
+    let (status, stdout) = run_device_probe("none");
+    assert!(status.success(), "{status}");
+    assert!(stdout.contains("device work done under the filter") && stdout.contains("probe returned 0"));
+}
+
+#[test]
+fn device_filter_kills_inet_sockets_and_ioctl() {
+    for probe in ["inet", "ioctl"] {
+        let (status, stdout) = run_device_probe(probe);
+        assert!(stdout.contains("device work done under the filter"), "{probe}");
+        assert_eq!(status.signal(), Some(libc::SIGSYS), "{probe} on the device thread must kill: {status}");
+        assert!(!stdout.contains("probe returned"), "{probe}");
+    }
 }
