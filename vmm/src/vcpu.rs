@@ -113,7 +113,8 @@ impl VcpuThread {
         self.exit.request(VmExit::Failed { reason, console_tail: String::new() });
     }
 
-    /// One `KVM_RUN` and its exit; `Some` if the VM ends.
+    /// One `KVM_RUN` and its exit; `Some` if the VM ends. Accesses no device claims read as
+    /// all ones (port I/O, a floating ISA bus) or zero (MMIO) and writes to them are dropped.
     fn step(&mut self) -> Option<VmExit> {
         let id = self.vcpu.id();
         let failure = |what: String, regs: String| VmExit::Failed {

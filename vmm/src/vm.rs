@@ -415,13 +415,18 @@ impl Vm {
             }
         }
         let exit = self.exit.wait();
-        kick_all(&self.threads);
+        // Take the thread ids out before joining, so that a late `VmHandle::stop` cannot
+        // signal a thread that has been joined (its id may be reused); every vCPU gets its
+        // kick here, after the latch is set.
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for thread in threads {
+            vcpu::kick(thread);
+        }
         let mut panicked = false;
         for handle in handles {
             // The vCPU comes back to be closed here, outside its thread's filter.
             panicked |= handle.join().is_err();
         }
-        self.threads.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let tail = || self.console.lock().unwrap_or_else(|p| p.into_inner()).tail(20);
         match exit {
             VmExit::Failed { reason, .. } => VmExit::Failed { reason, console_tail: tail() },
