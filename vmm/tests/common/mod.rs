@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pvisor_vmm::bus::BusDevice;
@@ -27,8 +28,10 @@ pub fn guest(name: &str) -> Vec<u8> {
     let dir = guests_dir();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("guests");
     std::fs::create_dir_all(&out).unwrap();
-    // Unique per process and name: tests run in parallel, and in several test binaries.
-    let stem = format!("{name}-{}", std::process::id());
+    // Unique per build: tests run in parallel (several may build the same guest), and in
+    // several test binaries at once.
+    static BUILDS: AtomicUsize = AtomicUsize::new(0);
+    let stem = format!("{name}-{}-{}", std::process::id(), BUILDS.fetch_add(1, Ordering::Relaxed));
     let obj = out.join(format!("{stem}.o"));
     let bin = out.join(format!("{stem}.bin"));
     run_tool(Command::new("as").arg("--64").arg("-I").arg(&dir).arg("-o").arg(&obj).arg(dir.join(format!("{name}.S"))));
