@@ -13,7 +13,7 @@
 //! * [`vcpu`]: the vCPU threads (seccomp filter, run loop, kicks); [`exit`]: how a VM ends.
 //! * [`bus`]: port-I/O and MMIO address spaces that vCPU exits are routed to.
 //! * [`devices`]: serial console, i8042 reset, debug exit, virtio-mmio transport and devices.
-//! * [`bench`]: timing helpers for the benchmarks in `bench/`.
+//! * [`bench`](mod@bench): timing helpers for the benchmarks in `bench/`.
 pub mod bench;
 pub mod boot;
 pub mod bus;

@@ -387,6 +387,11 @@ impl Vm {
         self.console.clone()
     }
 
+    /// Guest memory (clone it for a device thread: the regions are shared, not copied).
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        self._ram.memory()
+    }
+
     /// Runs the guest until it ends; everything the VM held is released on return.
     pub fn run(mut self) -> VmExit {
         let mut handles = Vec::new();

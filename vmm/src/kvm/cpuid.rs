@@ -2,8 +2,8 @@
 //!
 //! `KVM_GET_SUPPORTED_CPUID` already masks what the host and KVM cannot virtualize and
 //! includes KVM's paravirtual leaves (0x4000_0000..). Per vCPU the VMM only fills in the APIC
-//! ids (leaf 1 EBX[31:24], x2APIC leaves 0xb and 0x1f EDX) and the logical processor count, and
-//! sets the "running under a hypervisor" bit (leaf 1 ECX[31]).
+//! ids (leaf 1 `EBX[31:24]`, x2APIC leaves 0xb and 0x1f EDX) and the logical processor count, and
+//! sets the "running under a hypervisor" bit (leaf 1 `ECX[31]`).
 
 use kvm_bindings::CpuId;
 

@@ -38,7 +38,7 @@ impl Hypervisor {
         Ok(Hypervisor { kvm })
     }
 
-    /// Creates a VM with an in-kernel irqchip and PIT (see [`Vm::new`]).
+    /// Creates a VM with an in-kernel irqchip and PIT, KVM's TSS and identity-map pages set.
     pub fn create_vm(&self) -> Result<Vm, Error> {
         let fd = self.kvm.create_vm().map_err(|e| Error::Ioctl("KVM_CREATE_VM", e.into()))?;
         let cpuid = self.supported_cpuid()?;
