@@ -97,13 +97,7 @@ impl GuestRam {
     /// The RAM regions as `(guest address, size, host address)`, for KVM memory slots.
     pub fn regions(&self) -> Vec<(u64, u64, u64)> {
         use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
-        self.memory
-            .iter()
-            .map(|r| {
-                let host = r.get_host_address(vm_memory::MemoryRegionAddress(0)).map(|p| p as u64).unwrap_or(0);
-                (r.start_addr().0, r.len(), host)
-            })
-            .collect()
+        self.memory.iter().map(|r| (r.start_addr().0, r.len(), r.as_ptr() as u64)).collect()
     }
 }
 
