@@ -6,6 +6,7 @@
 //! 0x0000_6000  hvm_start_info (PVH)            0x0000_7000  PVH memory map
 //! 0x0000_9000  PML4   0x0000_a000  PDPT   0x0000_b000..  page directories (flat boot)
 //! 0x0002_0000  kernel command line (up to 64 KiB)
+//! 0x0009_fc00  MP table (PVH boot), in the reserved range up to 1 MiB
 //! 0x0010_0000  kernel / test guest image (1 MiB, where Linux and PVH expect it)
 //! ...          RAM up to MMIO_GAP_START (or the end of RAM)
 //! 0xc000_0000  32-bit MMIO gap: virtio-mmio devices from 0xd000_0000, 0x1000 apart

@@ -301,7 +301,7 @@ impl VmBuilder {
             full.push(' ');
             full.push_str(&virtio);
         }
-        let boot = boot::pvh::load(self.ram.memory(), self.ram.size(), kernel, &full, initramfs)?;
+        let boot = boot::pvh::load(self.ram.memory(), self.ram.size(), self.config.vcpus, kernel, &full, initramfs)?;
         self.entry = Some(boot.entry);
         Ok(boot)
     }

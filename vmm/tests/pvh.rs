@@ -49,6 +49,9 @@ fn pvh_boot_writes_start_info_and_enters_the_kernel() {
     assert_eq!(initrd_addr % 4096, 0);
     assert_eq!(mem.read_obj::<u8>(GuestAddress(initrd_addr + 4999)).unwrap(), 0x5a);
     assert_eq!(mem.read_obj::<u32>(GuestAddress(PVH_INFO_START + 0xc)).unwrap(), 1, "one module");
+    let mut mp = [0u8; 4];
+    mem.read_slice(&mut mp, GuestAddress(pvisor_vmm::boot::mptable::MPTABLE_START)).unwrap();
+    assert_eq!(&mp, b"_MP_", "the MP table's floating pointer, for a kernel without ACPI");
     match boot.entry {
         pvisor_vmm::boot::EntryState::Protected32 { entry, start_info } => {
             assert!(entry >= KERNEL_START && entry < boot.kernel_end, "{entry:#x}");

@@ -5,11 +5,13 @@
 //!   at low virtual addresses).
 //! * [`pvh`]: an uncompressed Linux `vmlinux` through its PVH entry note (`linux-loader`), with
 //!   `hvm_start_info`, the memory map, the command line and an initramfs.
-//! * [`gdt`], [`paging`]: the descriptor table and page tables both use.
+//! * [`mptable`]: the MP table that tells an ACPI-less Linux its CPUs and IOAPIC.
+//! * [`gdt`], [`paging`]: the descriptor table and page tables.
 //! * [`regs`]: the vCPU state of each entry mode.
 
 pub mod flat;
 pub mod gdt;
+pub mod mptable;
 pub mod paging;
 pub mod pvh;
 pub mod regs;

@@ -3,7 +3,8 @@
 //! `linux-loader` loads the ELF's segments and finds the PVH entry (the
 //! `XEN_ELFNOTE_PHYS32_ENTRY` note a kernel built with `CONFIG_PVH` carries). The VMM then
 //! writes what the PVH boot ABI hands the kernel: `hvm_start_info` (magic, command line,
-//! module list with the initramfs, memory map), and starts the boot vCPU in 32-bit protected
+//! module list with the initramfs, memory map) plus an MP table (the kernel has no ACPI),
+//! and starts the boot vCPU in 32-bit protected
 //! mode at the entry with `ebx` pointing at `hvm_start_info`.
 
 use std::fs::File;
@@ -44,10 +45,11 @@ pub struct PvhBoot {
 }
 
 /// Loads `kernel` (an ELF `vmlinux`), `cmdline` and `initramfs` into `mem`, `ram_size` bytes
-/// of RAM laid out by [`ram_regions`].
+/// of RAM laid out by [`ram_regions`], and the MP table for `vcpus` CPUs.
 pub fn load(
     mem: &GuestMemoryMmap,
     ram_size: u64,
+    vcpus: u8,
     kernel: &mut File,
     cmdline: &str,
     initramfs: Option<&mut File>,
@@ -95,6 +97,8 @@ pub fn load(
         info.modlist_paddr = MODLIST_START;
     }
     write(mem, info, PVH_INFO_START, "hvm_start_info")?;
+
+    super::mptable::write(mem, vcpus)?;
 
     let entry = EntryState::Protected32 { entry, start_info: PVH_INFO_START };
     entry.write_gdt(mem)?;
@@ -167,6 +171,6 @@ mod tests {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
         let mut file = tempfile::tempfile().unwrap();
         std::io::Write::write_all(&mut file, b"not an elf at all, just text").unwrap();
-        assert!(matches!(load(&mem, 4 << 20, &mut file, "console=ttyS0", None), Err(Error::Kernel(_))));
+        assert!(matches!(load(&mem, 4 << 20, 1, &mut file, "console=ttyS0", None), Err(Error::Kernel(_))));
     }
 }
