@@ -1,125 +1,22 @@
-//! Assembling a microVM and running it: [`VmBuilder`] → [`Vm::run`] → [`VmExit`].
-//!
-//! The builder opens `/dev/kvm`, creates the VM (irqchip, PIT), guest RAM from a memfd and its
-//! memory slots, the serial console (IRQ 4 through an irqfd), the i8042 reset line and, for
-//! tests, the debug exit port. The caller adds its own devices (virtio-mmio transports with
-//! their ioeventfds and irqfd, test devices), loads a guest (flat or PVH), and builds; `run`
-//! starts one thread per vCPU and blocks until the guest ends, fails, or [`VmHandle::stop`]
-//! is called from another thread.
+//! [`VmBuilder`]: opens KVM, creates the VM, its memory and standard devices, takes the
+//! caller's devices and guest, and configures the vCPUs.
 
 use std::fs::File;
-use std::os::unix::thread::JoinHandleExt;
 use std::sync::{Arc, Mutex};
 
-use pvisor_seccomp::BpfProgram;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::{Error, IoEventFd, VirtioMmioSlot, Vm, VmConfig};
 use crate::boot::{self, pvh::PvhBoot, EntryState};
-use crate::bus::{self, Bus, SharedDevice};
+use crate::bus::{Bus, SharedDevice};
 use crate::devices::console::{ConsoleLog, SharedConsole};
 use crate::devices::{debug_exit, i8042, serial};
-use crate::exit::{ExitLatch, VmExit};
+use crate::exit::ExitLatch;
 use crate::kvm::{self, Hypervisor, IoEventAddress};
 use crate::layout;
-use crate::memory::{self, GuestRam};
-use crate::vcpu::{self, VcpuThread};
-
-/// Errors of building a VM.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// KVM refused something.
-    #[error(transparent)]
-    Kvm(#[from] kvm::Error),
-    /// Guest memory could not be set up.
-    #[error(transparent)]
-    Memory(#[from] memory::Error),
-    /// A device could not be placed.
-    #[error(transparent)]
-    Bus(#[from] bus::Error),
-    /// The guest could not be loaded.
-    #[error(transparent)]
-    Boot(#[from] boot::Error),
-    /// An eventfd could not be created.
-    #[error("creating an eventfd: {0}")]
-    EventFd(#[source] std::io::Error),
-    /// The vCPU seccomp filter did not compile.
-    #[error("compiling the vcpu seccomp filter: {0}")]
-    Seccomp(#[from] pvisor_seccomp::Error),
-    /// The kick signal handler could not be installed.
-    #[error("installing the vCPU kick handler: {0}")]
-    KickHandler(#[source] std::io::Error),
-    /// A vCPU thread could not be started.
-    #[error("starting a vCPU thread: {0}")]
-    Thread(#[source] std::io::Error),
-    /// The configuration is invalid.
-    #[error("invalid VM configuration: {0}")]
-    Config(&'static str),
-    /// No guest was loaded before `build`.
-    #[error("no guest loaded (call load_flat or load_pvh before build)")]
-    NoGuest,
-    /// The device GSIs are used up.
-    #[error("no interrupt line left for another device")]
-    NoGsi,
-}
-
-/// How to build a VM.
-#[derive(Debug)]
-pub struct VmConfig {
-    /// vCPUs (1..=254).
-    pub vcpus: u8,
-    /// Guest RAM in bytes (a multiple of 4 KiB).
-    pub memory_bytes: u64,
-    /// Bytes of console output kept in memory (for failure reports).
-    pub console_memory_cap: usize,
-    /// A file the console is also written to, and its size cap.
-    pub console_file: Option<(File, u64)>,
-    /// Whether to put the debug exit port (0x501) on the PIO bus (test guests).
-    pub debug_exit: bool,
-    /// Whether vCPU threads install the `vcpu` seccomp filter (always, outside debugging).
-    pub vcpu_seccomp: bool,
-}
-
-impl Default for VmConfig {
-    fn default() -> Self {
-        VmConfig {
-            vcpus: 1,
-            memory_bytes: 128 << 20,
-            console_memory_cap: 64 << 10,
-            console_file: None,
-            debug_exit: false,
-            vcpu_seccomp: true,
-        }
-    }
-}
-
-/// An ioeventfd a device wants: KVM signals `fd` when the guest writes `addr` (with
-/// `datamatch`, only that 32-bit value).
-pub struct IoEventFd {
-    /// Guest-physical address (e.g. a virtio-mmio window's `QueueNotify`, base + 0x50).
-    pub addr: u64,
-    /// Value to match, or any.
-    pub datamatch: Option<u32>,
-    /// The eventfd.
-    pub fd: EventFd,
-}
-
-/// Where a virtio-mmio device was placed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VirtioMmioSlot {
-    /// Base address of its 4 KiB window.
-    pub addr: u64,
-    /// Its interrupt line.
-    pub gsi: u32,
-}
-
-impl VirtioMmioSlot {
-    /// The kernel command-line fragment that makes Linux probe it
-    /// (`CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES`).
-    pub fn cmdline(&self) -> String {
-        format!("virtio_mmio.device=4K@{:#x}:{}", self.addr, self.gsi)
-    }
-}
+use crate::memory::GuestRam;
+use crate::vcpu;
 
 /// A VM being assembled.
 pub struct VmBuilder {
@@ -333,110 +230,8 @@ impl VmBuilder {
             threads: Arc::new(Mutex::new(Vec::new())),
             _eventfds: self.eventfds,
             _vm: self.vm,
-            _ram: self.ram,
+            ram: self.ram,
             _kvm: self._kvm,
         })
-    }
-}
-
-/// A built VM. Fields drop in order: vCPUs, then the VM, then guest RAM.
-pub struct Vm {
-    vcpus: Vec<kvm::Vcpu>,
-    pio: Arc<Bus>,
-    mmio: Arc<Bus>,
-    console: SharedConsole,
-    exit: Arc<ExitLatch>,
-    filter: Option<Arc<BpfProgram>>,
-    threads: Arc<Mutex<Vec<libc::pthread_t>>>,
-    _eventfds: Vec<EventFd>,
-    _vm: kvm::Vm,
-    _ram: GuestRam,
-    _kvm: Hypervisor,
-}
-
-/// Stops a running VM from another thread.
-#[derive(Clone)]
-pub struct VmHandle {
-    exit: Arc<ExitLatch>,
-    threads: Arc<Mutex<Vec<libc::pthread_t>>>,
-}
-
-impl VmHandle {
-    /// Ends the VM as [`VmExit::Stopped`] (unless it already ended otherwise) and kicks its
-    /// vCPUs out of the guest. Returns at once; `run` returns once the vCPUs have left.
-    pub fn stop(&self) {
-        self.exit.request(VmExit::Stopped);
-        kick_all(&self.threads);
-    }
-}
-
-fn kick_all(threads: &Mutex<Vec<libc::pthread_t>>) {
-    for thread in threads.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-        vcpu::kick(*thread);
-    }
-}
-
-impl Vm {
-    /// A handle to stop the VM from another thread.
-    pub fn handle(&self) -> VmHandle {
-        VmHandle { exit: self.exit.clone(), threads: self.threads.clone() }
-    }
-
-    /// The console log.
-    pub fn console(&self) -> SharedConsole {
-        self.console.clone()
-    }
-
-    /// Guest memory (clone it for a device thread: the regions are shared, not copied).
-    pub fn memory(&self) -> &GuestMemoryMmap {
-        self._ram.memory()
-    }
-
-    /// Runs the guest until it ends; everything the VM held is released on return.
-    pub fn run(mut self) -> VmExit {
-        let mut handles = Vec::new();
-        for vcpu in self.vcpus.drain(..) {
-            let id = vcpu.id();
-            let body = VcpuThread {
-                vcpu,
-                pio: self.pio.clone(),
-                mmio: self.mmio.clone(),
-                exit: self.exit.clone(),
-                filter: self.filter.clone(),
-            };
-            let spawned = std::thread::Builder::new().name(format!("vcpu{id}")).spawn(move || body.run());
-            match spawned {
-                Ok(handle) => {
-                    self.threads.lock().unwrap_or_else(|p| p.into_inner()).push(handle.as_pthread_t());
-                    handles.push(handle);
-                }
-                Err(e) => {
-                    self.exit.request(VmExit::Failed {
-                        reason: format!("starting vCPU {id}: {e}"),
-                        console_tail: String::new(),
-                    });
-                    break;
-                }
-            }
-        }
-        let exit = self.exit.wait();
-        // Take the thread ids out before joining, so that a late `VmHandle::stop` cannot
-        // signal a thread that has been joined (its id may be reused); every vCPU gets its
-        // kick here, after the latch is set.
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
-        for thread in threads {
-            vcpu::kick(thread);
-        }
-        let mut panicked = false;
-        for handle in handles {
-            // The vCPU comes back to be closed here, outside its thread's filter.
-            panicked |= handle.join().is_err();
-        }
-        let tail = || self.console.lock().unwrap_or_else(|p| p.into_inner()).tail(20);
-        match exit {
-            VmExit::Failed { reason, .. } => VmExit::Failed { reason, console_tail: tail() },
-            _ if panicked => VmExit::Failed { reason: "a vCPU thread panicked".into(), console_tail: tail() },
-            other => other,
-        }
     }
 }
