@@ -214,3 +214,18 @@ fn a_virtio_mmio_window_gets_its_ioeventfds_irqfd_and_cmdline() {
     assert_eq!(device.reads, vec![(0, 4)]);
     assert_eq!(magic_port.lock().unwrap().writes, vec![(0, (MAGIC as u32).to_le_bytes().to_vec())]);
 }
+
+#[test]
+fn the_serial_port_interrupts_through_its_irqfd_on_gsi_4() {
+    let iir = Probe::new(0);
+    let p = iir.clone();
+    let (exit, _) = run_with(&guest("serial_irq"), config(), |b| {
+        b.add_pio_device(0x521, 1, p).unwrap();
+    });
+    assert_eq!(exit, VmExit::DebugExit(0x18));
+    // IIR after a THR-empty interrupt: 0x02 (THR empty, pending), with the FIFO bits vm-superio
+    // reports set.
+    let writes = &iir.lock().unwrap().writes;
+    assert_eq!(writes.len(), 1, "the handler ran once");
+    assert_eq!(writes[0].1[0] & 0x0f, 0x02, "IIR says THR empty: {:#x}", writes[0].1[0]);
+}
