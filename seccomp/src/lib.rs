@@ -2,14 +2,16 @@
 //! entry of a table ([`rules`]) with a one-line justification, compiled to BPF at run time with
 //! seccompiler (no build script, no JSON).
 //!
-//! Three filters:
+//! Five filters:
 //!
 //! * the [sandbox filter](sandbox), installed by the sandbox's init right before it execs the
 //!   in-sandbox agent, so that it applies to every process in the sandbox;
 //! * the [worker filter](worker), installed by the per-sandbox worker on all its threads once
 //!   its sandbox runs;
 //! * the [image server filter](image_server), installed by `pvisor-imaged` (the FUSE server of
-//!   one image) once its mount is live.
+//!   one image) once its mount is live;
+//! * the [vCPU and VMM device filters](vmm), installed per thread by the VMM of a vm-backend
+//!   worker (allow lists).
 //!
 //! The first two default to *allow* and refuse a deny list (mostly with `EPERM`, like Docker's
 //! default profile); the image server filter is an allow list that kills the process on any
@@ -35,6 +37,7 @@ mod error;
 pub mod image_server;
 mod rules;
 pub mod sandbox;
+pub mod vmm;
 pub mod worker;
 
 #[cfg(test)]
@@ -49,6 +52,7 @@ pub use rules::{
 };
 pub use sandbox::sandbox_filter;
 pub use seccompiler::{sock_filter, BpfProgram};
+pub use vmm::{vcpu_filter, vmm_device_filter};
 pub use worker::worker_filter;
 
 /// Compiles the filter of the given kind.
@@ -57,6 +61,8 @@ pub fn filter(kind: FilterKind) -> Result<BpfProgram, Error> {
         FilterKind::Sandbox => sandbox_filter(),
         FilterKind::Worker => worker_filter(),
         FilterKind::ImageServer => image_server_filter(),
+        FilterKind::Vcpu => vcpu_filter(),
+        FilterKind::VmmDevice => vmm_device_filter(),
     }
 }
 

@@ -29,17 +29,22 @@ pub enum FilterKind {
     Worker,
     /// Installed by `pvisor-imaged`, the FUSE server of one image, once its mount is live.
     ImageServer,
+    /// Installed by each vCPU thread of a vm-backend worker before its first `KVM_RUN`.
+    Vcpu,
+    /// Installed by the VMM's device event loop thread(s) before they touch guest memory.
+    VmmDevice,
 }
 
 impl FilterKind {
     /// Every kind, sandbox first.
-    pub const ALL: [FilterKind; 3] = [FilterKind::Sandbox, FilterKind::Worker, FilterKind::ImageServer];
+    pub const ALL: [FilterKind; 5] =
+        [FilterKind::Sandbox, FilterKind::Worker, FilterKind::ImageServer, FilterKind::Vcpu, FilterKind::VmmDevice];
 
     /// What the filter does with a syscall that no rule (or no rule's condition) matches.
     pub fn default_action(self) -> DefaultAction {
         match self {
             FilterKind::Sandbox | FilterKind::Worker => DefaultAction::Allow,
-            FilterKind::ImageServer => DefaultAction::KillProcess,
+            FilterKind::ImageServer | FilterKind::Vcpu | FilterKind::VmmDevice => DefaultAction::KillProcess,
         }
     }
 }
@@ -50,6 +55,8 @@ impl fmt::Display for FilterKind {
             FilterKind::Sandbox => "sandbox",
             FilterKind::Worker => "worker",
             FilterKind::ImageServer => "image server",
+            FilterKind::Vcpu => "vcpu",
+            FilterKind::VmmDevice => "vmm device",
         })
     }
 }
@@ -194,6 +201,14 @@ pub fn rules(kind: FilterKind) -> &'static [Rule] {
     match kind {
         FilterKind::Sandbox => SANDBOX,
         FilterKind::ImageServer => IMAGE_SERVER,
+        FilterKind::Vcpu => {
+            static VCPU_TABLE: OnceLock<Vec<Rule>> = OnceLock::new();
+            VCPU_TABLE.get_or_init(|| [vmm_rules::VCPU, vmm_rules::VCPU_VIRTIO].concat())
+        }
+        FilterKind::VmmDevice => {
+            static VMM_DEVICE_TABLE: OnceLock<Vec<Rule>> = OnceLock::new();
+            VMM_DEVICE_TABLE.get_or_init(|| [vmm_rules::VMM_DEVICE, vmm_rules::VMM_DEVICE_VIRTIO].concat())
+        }
         FilterKind::Worker => {
             static WORKER_TABLE: OnceLock<Vec<Rule>> = OnceLock::new();
             WORKER_TABLE.get_or_init(compose_worker)
@@ -265,6 +280,9 @@ macro_rules! rule {
         }
     };
 }
+
+#[path = "vmm_rules.rs"]
+pub(crate) mod vmm_rules;
 
 /// The namespace flags of clone(2): `CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS |
 /// CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET` (Docker's mask, 0x7e020000).
@@ -649,7 +667,7 @@ pub fn rules_markdown() -> String {
     let _ = writeln!(
         md,
         "The sandbox and worker filters allow by default and act on the syscalls below; the \
-         image server filter is an allow list. Numbers are {arch}'s. Conditions compare the low \
+         image server, vCPU and VMM device filters are allow lists. Numbers are {arch}'s. Conditions compare the low \
          32 bits of an argument. Before any rule, every program kills the process on a syscall \
          from a foreign architecture and (x86_64) refuses every x32 syscall with EPERM. In the \
          sandbox and worker filters `allow` rows emit no BPF: they record a decision to leave a \
@@ -696,5 +714,28 @@ pub fn rules_markdown() -> String {
         summary(rules(FilterKind::ImageServer))
     );
     plain_table(&mut md, rules(FilterKind::ImageServer));
+
+    let _ = writeln!(md, "\n## vCPU filter\n");
+    let _ = writeln!(
+        md,
+        "Installed by each vCPU thread of the VMM (vm backend) on itself before its first \
+         `KVM_RUN`; device emulation on exits runs under it. An allow list: a syscall no row \
+         lets through kills the process. `ioctl` is pinned to the vCPU requests it needs; \
+         rows after the base list come from `VCPU_VIRTIO` in `src/vmm_rules.rs` (the \
+         virtio-mmio transport, emulated on the vCPU thread). {}\n",
+        summary(rules(FilterKind::Vcpu))
+    );
+    plain_table(&mut md, rules(FilterKind::Vcpu));
+
+    let _ = writeln!(md, "\n## VMM device filter\n");
+    let _ = writeln!(
+        md,
+        "Installed by the VMM's device event loop thread(s) (virtio queues, block images, the \
+         vsock muxer's Unix sockets) before they touch guest memory. An allow list: a syscall \
+         no row lets through kills the process. The last rows come from the list the virtio \
+         device models extend (`VMM_DEVICE_VIRTIO` in `src/vmm_rules.rs`). {}\n",
+        summary(rules(FilterKind::VmmDevice))
+    );
+    plain_table(&mut md, rules(FilterKind::VmmDevice));
     md
 }

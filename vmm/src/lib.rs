@@ -6,8 +6,25 @@
 //! either behind this crate's virtio-mmio transport (guests on our own KVM
 //! vCPUs) or as vhost-user back-ends (the QEMU TCG test engine).
 //!
+//! * [`vm`]: [`VmBuilder`] assembles a VM, [`Vm::run`] runs it to a typed [`VmExit`].
+//! * [`kvm`]: the only module that calls KVM (VM, vCPUs, CPUID, MSRs).
+//! * [`memory`], [`layout`]: guest RAM from a sealed memfd and the address map.
+//! * [`boot`]: flat long-mode loader (test guests) and PVH direct boot (Linux).
+//! * [`vcpu`]: the vCPU threads (seccomp filter, run loop, kicks); [`exit`]: how a VM ends.
 //! * [`bus`]: port-I/O and MMIO address spaces that vCPU exits are routed to.
-//! * [`devices`]: serial console, virtio-mmio transport, virtio-blk, virtio-vsock.
+//! * [`devices`]: serial console, i8042 reset, debug exit, virtio-mmio transport and devices.
+//! * [`bench`](mod@bench): timing helpers for the benchmarks in `bench/`.
+pub mod bench;
+pub mod boot;
 pub mod bus;
 pub mod devices;
+pub mod exit;
 pub mod initramfs;
+pub mod kvm;
+pub mod layout;
+pub mod memory;
+pub mod vcpu;
+pub mod vm;
+
+pub use exit::VmExit;
+pub use vm::{IoEventFd, VirtioMmioSlot, Vm, VmBuilder, VmConfig, VmHandle};

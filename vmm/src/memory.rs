@@ -1,0 +1,142 @@
+//! Guest RAM: one memfd, sealed at its size, mapped shared into the VMM.
+//!
+//! A memfd (rather than anonymous memory) lets a vhost-user front-end map the very same pages
+//! (QEMU's `memory-backend-memfd,share=on` in the test engine, or our own back-ends being handed
+//! the fd). The size is sealed (no shrink, no grow) before anything maps it, so no one holding
+//! the fd can truncate guest RAM under a mapping and turn guest accesses into SIGBUS in the VMM.
+//! The map is split around the 32-bit MMIO gap ([`layout::ram_regions`]); each region maps the
+//! memfd at the matching file offset.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
+
+use memfd::{FileSeal, MemfdOptions};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+
+use crate::layout;
+
+/// Errors of [`GuestRam::new`].
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The requested size is zero or not a multiple of the page size.
+    #[error("guest memory size {0:#x} is not a non-zero multiple of 4 KiB")]
+    BadSize(u64),
+    /// `memfd_create` failed.
+    #[error("creating the guest memory memfd: {0}")]
+    Memfd(#[source] memfd::Error),
+    /// Sizing the memfd failed.
+    #[error("sizing the guest memory memfd to {size:#x} bytes: {source}")]
+    Resize {
+        /// Requested size.
+        size: u64,
+        /// The `ftruncate` error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Adding the seals failed.
+    #[error("sealing the guest memory memfd: {0}")]
+    Seal(#[source] memfd::Error),
+    /// Duplicating the memfd for a region failed.
+    #[error("duplicating the guest memory fd: {0}")]
+    Dup(#[source] std::io::Error),
+    /// Mapping the memfd failed.
+    #[error("mapping guest memory: {0}")]
+    Map(#[source] vm_memory::mmap::FromRangesError),
+}
+
+/// Guest RAM and the memfd behind it.
+pub struct GuestRam {
+    file: File,
+    size: u64,
+    memory: GuestMemoryMmap,
+}
+
+impl GuestRam {
+    /// Creates `size` bytes of guest RAM (a multiple of 4 KiB), zero-filled and not yet
+    /// backed by pages (the memfd is sparse until the guest touches it).
+    pub fn new(size: u64) -> Result<Self, Error> {
+        if size == 0 || !size.is_multiple_of(4096) {
+            return Err(Error::BadSize(size));
+        }
+        let memfd = MemfdOptions::default()
+            .close_on_exec(true)
+            .allow_sealing(true)
+            .create("pvisor-guest-ram")
+            .map_err(Error::Memfd)?;
+        memfd.as_file().set_len(size).map_err(|source| Error::Resize { size, source })?;
+        memfd.add_seals(&[FileSeal::SealShrink, FileSeal::SealGrow, FileSeal::SealSeal]).map_err(Error::Seal)?;
+        let file = memfd.into_file();
+
+        let mut ranges = Vec::new();
+        let mut offset = 0u64;
+        for (start, len) in layout::ram_regions(size) {
+            let region_file = file.try_clone().map_err(Error::Dup)?;
+            ranges.push((GuestAddress(start), len as usize, Some(FileOffset::new(region_file, offset))));
+            offset += len;
+        }
+        let memory = GuestMemoryMmap::from_ranges_with_files(ranges).map_err(Error::Map)?;
+        Ok(GuestRam { file, size, memory })
+    }
+
+    /// The guest memory map, for loaders and device models.
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.memory
+    }
+
+    /// The memfd, for sharing with a vhost-user front-end. Region `i` of
+    /// [`layout::ram_regions`] starts at the sum of the sizes of the regions before it.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// Total RAM in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The RAM regions as `(guest address, size, host address)`, for KVM memory slots.
+    pub fn regions(&self) -> Vec<(u64, u64, u64)> {
+        use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+        self.memory.iter().map(|r| (r.start_addr().0, r.len(), r.as_ptr() as u64)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestAddress};
+
+    #[test]
+    fn ram_is_shared_through_the_memfd() {
+        let ram = GuestRam::new(2 << 20).unwrap();
+        ram.memory().write_obj(0xdead_beefu32, GuestAddress(0x1000)).unwrap();
+        let mut buf = [0u8; 4];
+        let file = File::from(ram.fd().try_clone_to_owned().unwrap());
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, 0x1000).unwrap();
+        assert_eq!(u32::from_le_bytes(buf), 0xdead_beef);
+    }
+
+    #[test]
+    fn the_memfd_cannot_be_shrunk_or_grown() {
+        let ram = GuestRam::new(1 << 20).unwrap();
+        let file = File::from(ram.fd().try_clone_to_owned().unwrap());
+        assert!(file.set_len(4096).is_err());
+        assert!(file.set_len(4 << 20).is_err());
+        assert_eq!(file.metadata().unwrap().len(), 1 << 20);
+    }
+
+    #[test]
+    fn bad_sizes_are_refused() {
+        assert!(matches!(GuestRam::new(0), Err(Error::BadSize(0))));
+        assert!(matches!(GuestRam::new(4097), Err(Error::BadSize(4097))));
+    }
+
+    #[test]
+    fn regions_report_host_addresses() {
+        let ram = GuestRam::new(1 << 20).unwrap();
+        let regions = ram.regions();
+        assert_eq!(regions.len(), 1);
+        assert_eq!((regions[0].0, regions[0].1), (0, 1 << 20));
+        assert_ne!(regions[0].2, 0);
+    }
+}

@@ -1,0 +1,119 @@
+//! A built VM: [`Vm::run`] starts the vCPU threads and waits for the VM's end;
+//! [`VmHandle::stop`] ends it from another thread.
+
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::{Arc, Mutex};
+
+use pvisor_seccomp::BpfProgram;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::bus::Bus;
+use crate::devices::console::SharedConsole;
+use crate::exit::{ExitLatch, VmExit};
+use crate::kvm::{self, Hypervisor};
+use crate::memory::GuestRam;
+use crate::vcpu::{self, VcpuThread};
+
+/// A built VM. Fields drop in order: vCPUs, then the VM, then guest RAM.
+pub struct Vm {
+    pub(super) vcpus: Vec<kvm::Vcpu>,
+    pub(super) pio: Arc<Bus>,
+    pub(super) mmio: Arc<Bus>,
+    pub(super) console: SharedConsole,
+    pub(super) exit: Arc<ExitLatch>,
+    pub(super) filter: Option<Arc<BpfProgram>>,
+    pub(super) threads: Arc<Mutex<Vec<libc::pthread_t>>>,
+    /// eventfds KVM holds references to (serial irqfd, ioeventfds); open for the VM's life.
+    pub(super) _eventfds: Vec<EventFd>,
+    pub(super) _vm: kvm::Vm,
+    pub(super) ram: GuestRam,
+    pub(super) _kvm: Hypervisor,
+}
+
+/// Stops a running VM from another thread.
+#[derive(Clone)]
+pub struct VmHandle {
+    exit: Arc<ExitLatch>,
+    threads: Arc<Mutex<Vec<libc::pthread_t>>>,
+}
+
+impl VmHandle {
+    /// Ends the VM as [`VmExit::Stopped`] (unless it already ended otherwise) and kicks its
+    /// vCPUs out of the guest. Returns at once; `run` returns once the vCPUs have left.
+    pub fn stop(&self) {
+        self.exit.request(VmExit::Stopped);
+        kick_all(&self.threads);
+    }
+}
+
+fn kick_all(threads: &Mutex<Vec<libc::pthread_t>>) {
+    for thread in threads.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        vcpu::kick(*thread);
+    }
+}
+
+impl Vm {
+    /// A handle to stop the VM from another thread.
+    pub fn handle(&self) -> VmHandle {
+        VmHandle { exit: self.exit.clone(), threads: self.threads.clone() }
+    }
+
+    /// The console log.
+    pub fn console(&self) -> SharedConsole {
+        self.console.clone()
+    }
+
+    /// Guest memory (clone it for a device thread: the regions are shared, not copied).
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        self.ram.memory()
+    }
+
+    /// Runs the guest until it ends; everything the VM held is released on return.
+    pub fn run(mut self) -> VmExit {
+        let mut handles = Vec::new();
+        for vcpu in self.vcpus.drain(..) {
+            let id = vcpu.id();
+            let body = VcpuThread {
+                vcpu,
+                pio: self.pio.clone(),
+                mmio: self.mmio.clone(),
+                exit: self.exit.clone(),
+                filter: self.filter.clone(),
+            };
+            let spawned = std::thread::Builder::new().name(format!("vcpu{id}")).spawn(move || body.run());
+            match spawned {
+                Ok(handle) => {
+                    self.threads.lock().unwrap_or_else(|p| p.into_inner()).push(handle.as_pthread_t());
+                    handles.push(handle);
+                }
+                Err(e) => {
+                    self.exit.request(VmExit::Failed {
+                        reason: format!("starting vCPU {id}: {e}"),
+                        console_tail: String::new(),
+                    });
+                    break;
+                }
+            }
+        }
+        let exit = self.exit.wait();
+        // Take the thread ids out before joining, so that a late `VmHandle::stop` cannot
+        // signal a thread that has been joined (its id may be reused); every vCPU gets its
+        // kick here, after the latch is set.
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for thread in threads {
+            vcpu::kick(thread);
+        }
+        let mut panicked = false;
+        for handle in handles {
+            // The vCPU comes back to be closed here, outside its thread's filter.
+            panicked |= handle.join().is_err();
+        }
+        let tail = || self.console.lock().unwrap_or_else(|p| p.into_inner()).tail(20);
+        match exit {
+            VmExit::Failed { reason, .. } => VmExit::Failed { reason, console_tail: tail() },
+            _ if panicked => VmExit::Failed { reason: "a vCPU thread panicked".into(), console_tail: tail() },
+            other => other,
+        }
+    }
+}
