@@ -8,5 +8,7 @@
 //!
 //! * [`bus`]: port-I/O and MMIO address spaces that vCPU exits are routed to.
 //! * [`devices`]: serial console, virtio-mmio transport, virtio-blk, virtio-vsock.
+//! * [`initramfs`]: the newc cpio writer and the agent's initramfs (`/init`).
 pub mod bus;
 pub mod devices;
+pub mod initramfs;
