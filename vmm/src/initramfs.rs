@@ -38,6 +38,9 @@ pub enum InitramfsError {
     /// A file or symlink target too large for a newc header (4 GiB - 1).
     #[error("{path} is {len} bytes, more than a newc entry can hold")]
     TooLarge { path: String, len: usize },
+    /// More entries than newc inode numbers (32 bits) can tell apart.
+    #[error("too many entries for one newc archive ({0})")]
+    TooManyEntries(usize),
     /// Reading a file that goes into the archive.
     #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
@@ -155,8 +158,7 @@ impl Initramfs {
         for (i, entry) in self.entries.iter().enumerate() {
             let nlink = if matches!(entry.kind, Kind::Dir) { 2 } else { 1 };
             // Inode numbers only need to be distinct; 0 is left to the trailer.
-            let ino = u32::try_from(i + 1)
-                .map_err(|_| InitramfsError::TooLarge { path: entry.path.clone(), len: self.entries.len() })?;
+            let ino = u32::try_from(i + 1).map_err(|_| InitramfsError::TooManyEntries(self.entries.len()))?;
             write_entry(&mut out, ino, entry.mode(), nlink, entry.rdev(), &entry.path, entry.data())?;
         }
         write_entry(&mut out, 0, 0, 1, (0, 0), TRAILER, &[])?;
