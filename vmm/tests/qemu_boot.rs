@@ -1,25 +1,62 @@
 //! Proof that the guest kernel (scripts/guest-kernel.sh) boots under QEMU TCG
 //! and has the block and filesystem options the vm backend relies on: it
 //! reaches an initramfs `/init` written by `pvisor_vmm::initramfs` with the
-//! console and command line, finds virtio-mmio disks from the command line,
+//! console and command line, finds virtio-mmio devices from the command line
+//! (a virtio-blk disk, and a virtio-net NIC that carries a TCP connection to
+//! the host through QEMU user networking),
 //! mounts an erofs image read-only and an ext4 disk read-write, and runs an
 //! overlay of the two (the sandbox root of the vm backend).
 
 mod qemu;
 
+use std::io::{BufRead, BufReader, ErrorKind};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
 use qemu::{boot, busybox_initramfs, guest_kernel, marked, one, Disk, INIT_END, INIT_PRELUDE, MOUNT_OVERLAY_ROOT};
 
+/// Brings eth0 up with QEMU user networking's fixed guest address and sends
+/// one line to the port given as `pvisor.port=` on the command line.
+const NET_HELLO: &str = r#"
+for n in /sys/class/net/eth*; do echo "PVISOR-NET ${n##*/} $(basename $(readlink $n/device/driver))"; done
+ip link set lo up
+ip link set eth0 up
+ip addr add 10.0.2.15/24 dev eth0
+PORT=$(sed -n 's/.*pvisor\.port=\([0-9]*\).*/\1/p' /proc/cmdline)
+echo "PVISOR-HELLO from the guest" | nc -w 10 10.0.2.2 "$PORT"
+"#;
+
 #[test]
-fn kernel_boots_to_init_with_console_cmdline_and_virtio_blk() {
+fn kernel_boots_to_init_with_console_cmdline_virtio_blk_and_net() {
     let Some(kernel) = guest_kernel() else { return };
     let tmp = tempfile::tempdir().expect("tempdir");
     let initrd = tmp.path().join("initrd.cpio");
-    std::fs::write(&initrd, busybox_initramfs(&format!("{INIT_PRELUDE}{INIT_END}"), &[])).expect("write initrd");
+    let script = format!("{INIT_PRELUDE}{NET_HELLO}{INIT_END}");
+    std::fs::write(&initrd, busybox_initramfs(&script, &[])).expect("write initrd");
     let disk = tmp.path().join("disk.raw");
     qemu::sparse_file(&disk, 8 << 20);
 
-    let console =
-        boot(&kernel, &initrd, &[Disk { path: &disk, serial: "pvisor-disk0", read_only: false }], "pvisor.test=boot");
+    // virtio-net over QEMU's user-mode network: the guest connects to a
+    // listener on the host's loopback (10.0.2.2 in the guest) and says hello.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().expect("addr").port();
+    let guest_ended = Arc::new(AtomicBool::new(false));
+    let hello = thread::spawn({
+        let guest_ended = guest_ended.clone();
+        move || accept_one_line(&listener, &guest_ended)
+    });
+
+    let console = boot(
+        &kernel,
+        &initrd,
+        &[Disk { path: &disk, serial: "pvisor-disk0", read_only: false }],
+        &format!("pvisor.test=boot pvisor.port={port}"),
+        &["-netdev", "user,id=n0", "-device", "virtio-net-device,netdev=n0"],
+    );
+    guest_ended.store(true, Ordering::SeqCst);
 
     assert_eq!(marked(&console, "PVISOR-BOOT-OK").len(), 1, "{console}");
     let cmdline = one(&console, "PVISOR-CMDLINE ");
@@ -28,9 +65,34 @@ fn kernel_boots_to_init_with_console_cmdline_and_virtio_blk() {
     // Without ACPI, the only way the guest learns of the disk is QEMU's
     // virtio_mmio.device= on the command line (VIRTIO_MMIO_CMDLINE_DEVICES).
     assert!(words.iter().any(|w| w.starts_with("virtio_mmio.device=")), "{console}");
-    assert_eq!(one(&console, "PVISOR-VIRTIO "), "virtio0", "{console}");
+    assert_eq!(one(&console, "PVISOR-VIRTIO ").split_whitespace().count(), 2, "{console}");
     // virtio-blk was probed: /sys/block/vda exists, with the serial QEMU gave it, writable.
     assert_eq!(marked(&console, "PVISOR-DISK "), ["vda pvisor-disk0 0"], "{console}");
+    // virtio-net was probed and carried a TCP connection to the host.
+    assert_eq!(one(&console, "PVISOR-NET "), "eth0 virtio_net", "{console}");
+    assert_eq!(hello.join().expect("listener thread").as_deref(), Some("PVISOR-HELLO from the guest"), "{console}");
+}
+
+/// The first line sent by the first client of `listener`, or `None` if no
+/// client had come when `guest_ended` was set.
+fn accept_one_line(listener: &TcpListener, guest_ended: &AtomicBool) -> Option<String> {
+    listener.set_nonblocking(true).expect("nonblocking");
+    loop {
+        // Read the flag before trying, so a connection made just before the guest ended is seen.
+        let last_try = guest_ended.load(Ordering::SeqCst);
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false).expect("blocking");
+                stream.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+                let mut line = String::new();
+                BufReader::new(stream).read_line(&mut line).ok()?;
+                return Some(line.trim_end().to_owned());
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock && last_try => return None,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
 }
 
 #[test]
@@ -75,6 +137,7 @@ umount /newroot && umount /mnt/scratch && umount /mnt/lower && echo PVISOR-UNMOU
             Disk { path: &scratch, serial: "scratch", read_only: false },
         ],
         "",
+        &[],
     );
 
     one(&console, "PVISOR-EROFS-MOUNTED");

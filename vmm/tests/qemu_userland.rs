@@ -134,6 +134,7 @@ echo PVISOR-INIT-DONE
             Disk { path: &scratch, serial: "scratch", read_only: false },
         ],
         "",
+        &[],
     );
 
     one(&console, "PVISOR-OVERLAY-MOUNTED");

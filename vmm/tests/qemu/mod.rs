@@ -127,7 +127,8 @@ pub struct Disk<'a> {
 /// Boots `kernel` with `initrd` and `disks` under QEMU TCG and returns the
 /// serial console output once QEMU has exited by itself (panics on timeout,
 /// on a QEMU failure, or if the guest never reached the end of its /init).
-pub fn boot(kernel: &Path, initrd: &Path, disks: &[Disk], extra_cmdline: &str) -> String {
+/// `extra_args` go to QEMU as they are (e.g. a network device).
+pub fn boot(kernel: &Path, initrd: &Path, disks: &[Disk], extra_cmdline: &str, extra_args: &[&str]) -> String {
     require_tool("qemu-system-x86_64", "qemu-system-x86");
     let mut cmd = Command::new("qemu-system-x86_64");
     // acpi=off: without ACPI tables QEMU lists the virtio-mmio devices on the
@@ -145,6 +146,7 @@ pub fn boot(kernel: &Path, initrd: &Path, disks: &[Disk], extra_cmdline: &str) -
         cmd.arg("-drive").arg(format!("file={},if=none,id=d{i},format=raw{ro}", disk.path.display()));
         cmd.arg("-device").arg(format!("virtio-blk-device,drive=d{i},serial={}", disk.serial));
     }
+    cmd.args(extra_args);
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
