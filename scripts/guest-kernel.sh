@@ -6,8 +6,9 @@
 # hashes the source package version and the options file. A cached rerun is
 # instant. Progress goes to stderr; the last line on stdout is the path.
 #
-# The untarred source tree is kept under OUTDIR/build (about 1.5 GB), one per
-# source version, so a change to the options rebuilds only what it touches.
+# The untarred source tree is kept under OUTDIR/build (about 1.6 GB), one per
+# source version, so a change to the options recompiles only the files that
+# depend on the options changed (for a widely used option, most of them).
 # Delete that directory to reclaim the space; the cached kernels stay valid.
 #
 # Usage: scripts/guest-kernel.sh [OUTDIR]
