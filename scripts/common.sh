@@ -16,7 +16,10 @@ ensure_packages() {
     # docker-registry, skopeo, apache2-utils: images/tests/registry.rs (a local registry to pull from).
     # fuse3: fusermount3, with which an unprivileged broker's image servers mount.
     # erofs-utils: fsck.erofs checks the vm backend's erofs image views.
-    local want=(protobuf-compiler mmdebstrap busybox-static ca-certificates debian-archive-keyring python3 python3-venv python3-pip gcc libc6-dev docker-registry skopeo apache2-utils fuse3 erofs-utils)
+    # qemu-system-x86, e2fsprogs, cpio: vmm's tests (a Linux guest under QEMU TCG, ext4 scratch
+    # disks, the initramfs writer checked against GNU cpio). The kernel's build tools are
+    # installed by scripts/guest-kernel.sh itself.
+    local want=(protobuf-compiler mmdebstrap busybox-static ca-certificates debian-archive-keyring python3 python3-venv python3-pip gcc libc6-dev docker-registry skopeo apache2-utils fuse3 erofs-utils qemu-system-x86 e2fsprogs cpio)
     local missing=()
     for p in "${want[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -41,6 +44,15 @@ build() {
     install -m 0755 "$CARGO_TARGET_DIR/release/pvisor" "$CARGO_TARGET_DIR/release/pvisor-worker" \
         "$CARGO_TARGET_DIR/release/pvisor-imaged" "$DIST/"
     install -m 0755 "$CARGO_TARGET_DIR/$triple/release/pvisor-agent" "$DIST/"
+}
+
+# The vm backend's guest kernel, built once from Debian's linux-source-6.1 (about 5 minutes of
+# make -j2) and cached under $PVISOR_CACHE/guest; exports its path as PVISOR_GUEST_KERNEL.
+guest_kernel() {
+    log "guest kernel"
+    PVISOR_GUEST_KERNEL=$("$REPO/scripts/guest-kernel.sh" | tail -n 1)
+    [ -f "$PVISOR_GUEST_KERNEL" ] || { echo "guest-kernel.sh gave no kernel" >&2; exit 1; }
+    export PVISOR_GUEST_KERNEL
 }
 
 # The four test images (+ an OCI-layout variant), built from Debian packages.

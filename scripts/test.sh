@@ -5,6 +5,7 @@
 source "$(dirname "$0")/common.sh"
 ensure_packages
 build
+guest_kernel
 test_images
 python_env
 cd "$REPO"

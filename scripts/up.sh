@@ -4,6 +4,7 @@
 source "$(dirname "$0")/common.sh"
 ensure_packages
 build
+guest_kernel
 test_images
 # The data directory is pvisor's default (/var/lib/pvisor for root) unless
 # PVISOR_DATA_DIR is set; both commands below read that variable.

@@ -14,6 +14,7 @@
 //! * [`bus`]: port-I/O and MMIO address spaces that vCPU exits are routed to.
 //! * [`devices`]: serial console, i8042 reset, debug exit, virtio-mmio transport and devices.
 //! * [`bench`](mod@bench): timing helpers for the benchmarks in `bench/`.
+//! * [`initramfs`]: the newc cpio writer and the agent's initramfs (`/init`).
 pub mod bench;
 pub mod boot;
 pub mod bus;

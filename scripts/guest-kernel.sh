@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Builds the vm backend's guest kernel from Debian's linux-source-6.1 with the
+# options in guest/kernel.options (applied on top of `make tinyconfig`), checks
+# that every option took and that vmlinux has a PVH entry note, and caches it
+# at OUTDIR/<key>/vmlinux (OUTDIR defaults to $PVISOR_CACHE/guest), where key
+# hashes the source package version and the options file. A cached rerun is
+# instant. Progress goes to stderr; the last line on stdout is the path.
+#
+# The untarred source tree is kept under OUTDIR/build (about 1.6 GB), one per
+# source version, so a change to the options recompiles only the files that
+# depend on the options changed (for a widely used option, most of them).
+# Delete that directory to reclaim the space; the cached kernels stay valid.
+#
+# Usage: scripts/guest-kernel.sh [OUTDIR]
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OPTIONS=$REPO/guest/kernel.options
+PVISOR_CACHE=${PVISOR_CACHE:-/var/cache/pvisor}
+OUTDIR=${1:-$PVISOR_CACHE/guest}
+SRC_PKG=linux-source-6.1
+SRC_TAR=/usr/src/$SRC_PKG.tar.xz
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'guest-kernel: %s\n' "$*" >&2; exit 1; }
+
+# What the build needs: the source package, the kernel's build tools, readelf (binutils).
+ensure_build_packages() {
+    local want=("$SRC_PKG" bc bison flex libelf-dev make gcc libc6-dev binutils xz-utils)
+    local missing=()
+    for p in "${want[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+        log "installing ${missing[*]}"
+        [ "$(id -u)" = 0 ] || die "need root to apt-get install ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    [ -f "$SRC_TAR" ] || die "$SRC_TAR missing although $SRC_PKG is installed"
+}
+
+# Every option line of the options file must appear in .config as written; an
+# option asked to be off must not be set (absent counts as off). Prints the misses.
+check_options() {
+    local config=$1 bad=() line name
+    while IFS= read -r line; do
+        if [[ $line =~ ^(CONFIG_[A-Za-z0-9_]+)=(.*)$ ]]; then
+            grep -qxF -- "$line" "$config" || bad+=("$line (got: $(grep -E "^(# )?${BASH_REMATCH[1]}[= ]" "$config" || echo absent))")
+        elif [[ $line =~ ^#\ (CONFIG_[A-Za-z0-9_]+)\ is\ not\ set$ ]]; then
+            name=${BASH_REMATCH[1]}
+            if grep -qE "^$name=" "$config"; then bad+=("$line (got: $(grep -E "^$name=" "$config"))"); fi
+        fi
+    done <"$OPTIONS"
+    if ((${#bad[@]})); then
+        printf 'guest-kernel: these options did not take:\n' >&2
+        printf '  %s\n' "${bad[@]}" >&2
+        return 1
+    fi
+}
+
+# PVH direct boot needs the XEN_ELFNOTE_PHYS32_ENTRY note (owner "Xen", type 18).
+check_pvh_note() {
+    readelf -n "$1" | grep -E '^\s*Xen\s' | grep -qE '\(0x0*12\)|\b18\b' \
+        || die "$1 has no PVH entry note (Xen note type 18): is CONFIG_PVH on?"
+}
+
+ensure_build_packages
+[ -f "$OPTIONS" ] || die "$OPTIONS missing"
+VERSION=$(dpkg-query -W -f='${Version}' "$SRC_PKG")
+KEY=$( { printf '%s %s\n' "$SRC_PKG" "$VERSION"; cat "$OPTIONS"; } | sha256sum | cut -c1-16)
+OUT=$OUTDIR/$KEY
+if [ -f "$OUT/vmlinux" ]; then
+    log "guest kernel cached ($SRC_PKG $VERSION, key $KEY)"
+    echo "$OUT/vmlinux"
+    exit 0
+fi
+
+mkdir -p "$OUTDIR/build"
+# One build at a time per cache (two set-ups may run side by side).
+exec 9>"$OUTDIR/build/.lock"
+flock 9
+if [ -f "$OUT/vmlinux" ]; then
+    echo "$OUT/vmlinux"
+    exit 0
+fi
+
+start=$(date +%s)
+TREE=$OUTDIR/build/$SRC_PKG-$VERSION
+if [ ! -f "$TREE/.pvisor-untarred" ]; then
+    log "unpacking $SRC_TAR"
+    rm -rf "$TREE" "$TREE.tmp"
+    mkdir -p "$TREE.tmp"
+    tar -xf "$SRC_TAR" -C "$TREE.tmp" --strip-components=1
+    touch "$TREE.tmp/.pvisor-untarred"
+    mv "$TREE.tmp" "$TREE"
+fi
+
+cd "$TREE"
+log "configuring (tinyconfig + $(grep -c '^CONFIG_\|^# CONFIG_' "$OPTIONS") options)"
+make -s tinyconfig >/dev/null
+scripts/kconfig/merge_config.sh -m .config "$OPTIONS" >/dev/null
+make -s olddefconfig >&2
+check_options .config || die "fix $OPTIONS (an option may need another one it depends on)"
+
+log "building vmlinux (make -j$(nproc); log in $TREE/build.log)"
+if ! make -j"$(nproc)" vmlinux >build.log 2>&1; then
+    tail -n 40 build.log >&2
+    die "kernel build failed (full log: $TREE/build.log)"
+fi
+check_pvh_note vmlinux
+
+rm -rf "$OUT.tmp"
+mkdir -p "$OUT.tmp"
+cp vmlinux "$OUT.tmp/vmlinux"
+cp .config "$OUT.tmp/config"
+printf '%s %s\n' "$SRC_PKG" "$VERSION" >"$OUT.tmp/source"
+rm -rf "$OUT"
+mv "$OUT.tmp" "$OUT"
+log "guest kernel built in $(($(date +%s) - start)) s: $(stat -c %s "$OUT/vmlinux") bytes"
+echo "$OUT/vmlinux"
