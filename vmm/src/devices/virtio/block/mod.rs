@@ -20,3 +20,6 @@ pub const SECTOR_SIZE: u64 = 512;
 pub const QUEUE_SIZE: u16 = 256;
 /// Length of the id string answered to GET_ID.
 pub const ID_LEN: usize = 20;
+
+#[cfg(test)]
+mod tests;
