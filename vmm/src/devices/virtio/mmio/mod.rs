@@ -38,3 +38,6 @@ pub enum Error {
         source: virtio_queue::Error,
     },
 }
+
+#[cfg(test)]
+mod tests;
