@@ -66,8 +66,8 @@ fn wr(t: &mut MmioTransport, offset: u64, value: u32) {
 fn transport() -> (MmioTransport, Arc<Mutex<Log>>, GuestMemory) {
     let log = Arc::new(Mutex::new(Log::default()));
     let mem = memory();
-    let t = MmioTransport::new(Box::new(Recorder(log.clone())), GuestMemoryAtomic::new(mem.clone()))
-        .expect("transport");
+    let t =
+        MmioTransport::new(Box::new(Recorder(log.clone())), GuestMemoryAtomic::new(mem.clone())).expect("transport");
     (t, log, mem)
 }
 

@@ -118,13 +118,11 @@ impl MmioTransport {
         match offset {
             DEVICE_FEATURES_SEL => self.device_features_sel = value,
             DRIVER_FEATURES_SEL => self.driver_features_sel = value,
-            DRIVER_FEATURES => {
-                if self.status & STATUS_DRIVER != 0 && self.status & STATUS_FEATURES_OK == 0 {
-                    match self.driver_features_sel {
-                        0 => self.acked = (self.acked & !0xffff_ffff) | u64::from(value),
-                        1 => self.acked = (self.acked & 0xffff_ffff) | (u64::from(value) << 32),
-                        _ => {}
-                    }
+            DRIVER_FEATURES if self.status & STATUS_DRIVER != 0 && self.status & STATUS_FEATURES_OK == 0 => {
+                match self.driver_features_sel {
+                    0 => self.acked = (self.acked & !0xffff_ffff) | u64::from(value),
+                    1 => self.acked = (self.acked & 0xffff_ffff) | (u64::from(value) << 32),
+                    _ => {}
                 }
             }
             QUEUE_SEL => self.queue_sel = value,
@@ -228,7 +226,7 @@ impl BusDevice for MmioTransport {
         }
         // Registers are 32 bits wide and accessed as such; anything else
         // reads as zero.
-        if data.len() == 4 && offset % 4 == 0 {
+        if data.len() == 4 && offset & 3 == 0 {
             data.copy_from_slice(&self.read_reg(offset).to_le_bytes());
         } else {
             data.fill(0);
@@ -240,7 +238,7 @@ impl BusDevice for MmioTransport {
             self.lock().device.write_config(offset - CONFIG, data);
             return;
         }
-        if let (Ok(bytes), true) = (<[u8; 4]>::try_from(data), offset % 4 == 0) {
+        if let (Ok(bytes), true) = (<[u8; 4]>::try_from(data), offset & 3 == 0) {
             self.write_reg(offset, u32::from_le_bytes(bytes));
         }
     }

@@ -72,3 +72,6 @@ pub enum Error {
         source: std::io::Error,
     },
 }
+
+#[cfg(test)]
+mod tests;
