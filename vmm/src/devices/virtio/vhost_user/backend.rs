@@ -16,6 +16,10 @@ use crate::devices::virtio::{GuestMemory, UsedQueues, VirtioDevice};
 
 /// vring interrupts are one per queue; the device may use any of them.
 const MAX_QUEUES: usize = 64;
+/// QEMU's virtio-mmio reports its VIRTQUEUE_MAX_SIZE (1024) as QueueNumMax
+/// whatever the device's `queue-size`, and Linux takes it, so a back-end
+/// must accept rings that large. The models do not depend on the size.
+const FRONTEND_MAX_QUEUE_SIZE: u16 = 1024;
 
 struct Inner<D> {
     device: D,
@@ -111,7 +115,7 @@ impl<D: VirtioDevice> VhostUserBackend for VhostUserDevice<D> {
     }
 
     fn max_queue_size(&self) -> usize {
-        usize::from(self.queue_sizes.iter().copied().max().unwrap_or(0))
+        usize::from(self.queue_sizes.iter().copied().max().unwrap_or(0).max(FRONTEND_MAX_QUEUE_SIZE))
     }
 
     fn features(&self) -> u64 {

@@ -54,7 +54,13 @@ pub fn serve<D: VirtioDevice + 'static>(name: &str, device: D, socket: &Path) ->
     let thread = std::thread::Builder::new()
         .name(name.to_string())
         .spawn(move || {
-            let result = daemon.start(&mut listener).and_then(|()| daemon.wait()).map_err(Error::Serve);
+            let result = match daemon.start(&mut listener).and_then(|()| daemon.wait()) {
+                // The front-end going away (QEMU exiting) is the normal end.
+                Err(vhost_user_backend::Error::HandleRequest(
+                    vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+                )) => Ok(()),
+                other => other.map_err(Error::Serve),
+            };
             served.notify_exit();
             result
         })
