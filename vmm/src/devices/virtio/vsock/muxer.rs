@@ -3,7 +3,7 @@
 //! over all their sockets (exposed to the transport as one fd).
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -41,7 +41,8 @@ pub(super) struct ConnectRequest {
 
 enum Source {
     Conn(ConnKey),
-    Pending(UnixStream),
+    /// Accepted on the listener; the bytes of its `CONNECT` line so far.
+    Pending(UnixStream, Vec<u8>),
 }
 
 /// A control packet waiting for an rx buffer; credit fields are filled in
@@ -206,7 +207,7 @@ impl Muxer {
     }
 
     fn drop_source(&mut self, token: u64) {
-        if let Some(Source::Pending(stream)) = self.sources.remove(&token) {
+        if let Some(Source::Pending(stream, _)) = self.sources.remove(&token) {
             let _ = ctl(&self.epoll, ControlOperation::Delete, stream.as_raw_fd(), EventSet::empty(), 0);
         } else if let Some(Source::Conn(key)) = self.sources.get(&token) {
             let key = *key;
@@ -426,7 +427,7 @@ impl Muxer {
                     let key = *key;
                     self.conn_event(key, events);
                 }
-                Some(Source::Pending(_)) => self.read_connect_line(token, events),
+                Some(Source::Pending(..)) => self.read_connect_line(token),
                 None => {}
             },
         }
@@ -443,48 +444,40 @@ impl Muxer {
             };
             // SAFETY: accept4 just returned this fd and nothing else owns it.
             let stream = UnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
-            let pending = self.sources.values().filter(|s| matches!(s, Source::Pending(_))).count();
+            let pending = self.sources.values().filter(|s| matches!(s, Source::Pending(..))).count();
             if pending >= MAX_PENDING_ACCEPTS {
                 continue;
             }
             let token = self.alloc_token();
             if ctl(&self.epoll, ControlOperation::Add, stream.as_raw_fd(), EventSet::IN, token).is_ok() {
-                self.sources.insert(token, Source::Pending(stream));
+                self.sources.insert(token, Source::Pending(stream, Vec::new()));
             }
         }
     }
 
     /// A host peer of the listener is sending `CONNECT <port>\n`. The line
-    /// is peeked first and only its bytes consumed, so data the peer sends
-    /// after it (too early) stays in the socket.
-    fn read_connect_line(&mut self, token: u64, events: EventSet) {
-        let Some(Source::Pending(stream)) = self.sources.get(&token) else { return };
-        let mut line = [0u8; MAX_CONNECT_LINE];
-        let peeked = socket::recv(stream.as_raw_fd(), &mut line, MsgFlags::MSG_PEEK);
-        let n = match peeked {
-            Ok(n) => n,
-            Err(nix::errno::Errno::EAGAIN) if !events.contains(EventSet::HANG_UP) => return,
-            Err(_) => 0,
-        };
-        let newline = line[..n].iter().position(|b| *b == b'\n');
-        let Some(end) = newline else {
-            if n == 0 || n == MAX_CONNECT_LINE || events.contains(EventSet::HANG_UP) {
-                self.drop_source(token);
+    /// is read a byte at a time, so data the peer sends after it (too
+    /// early) stays in the socket, and a partial line is consumed (a
+    /// level-triggered fd left readable would spin the loop).
+    fn read_connect_line(&mut self, token: u64) {
+        let Some(Source::Pending(stream, line)) = self.sources.get_mut(&token) else { return };
+        let outcome = loop {
+            let mut byte = [0u8; 1];
+            match socket::recv(stream.as_raw_fd(), &mut byte, MsgFlags::empty()) {
+                Ok(1) if byte[0] == b'\n' => break Some(std::mem::take(line)),
+                Ok(1) if line.len() < MAX_CONNECT_LINE => line.push(byte[0]),
+                Err(nix::errno::Errno::EAGAIN) => return,
+                Err(nix::errno::Errno::EINTR) => {}
+                // End of file, an error, or an overlong line.
+                _ => break None,
             }
-            return;
         };
-        let port = std::str::from_utf8(&line[..end])
-            .ok()
-            .and_then(|l| l.trim_end_matches('\r').strip_prefix("CONNECT "))
-            .and_then(|p| p.trim().parse::<u32>().ok());
-        let Some(Source::Pending(mut stream)) = self.sources.remove(&token) else { return };
+        let Some(Source::Pending(stream, _)) = self.sources.remove(&token) else { return };
         let _ = ctl(&self.epoll, ControlOperation::Delete, stream.as_raw_fd(), EventSet::empty(), 0);
-        let mut consumed = vec![0u8; end + 1];
-        if stream.read_exact(&mut consumed).is_err() {
-            return;
-        }
-        if let Some(port) = port {
-            self.host_connect(port, stream, None, true);
+        let port = outcome.as_deref().and_then(parse_connect_line);
+        match port {
+            Some(port) => self.host_connect(port, stream, None, true),
+            None => tracing::debug!("vsock: bad CONNECT line from a host peer"),
         }
     }
 
@@ -685,6 +678,12 @@ enum RxOutcome {
     Written(u32),
     BadBuffer,
     Nothing,
+}
+
+/// The port of a `CONNECT <port>` line (without its newline).
+fn parse_connect_line(line: &[u8]) -> Option<u32> {
+    let line = std::str::from_utf8(line).ok()?;
+    line.trim_end_matches('\r').strip_prefix("CONNECT ")?.trim().parse().ok()
 }
 
 fn send(stream: &UnixStream, data: &[u8]) -> io::Result<usize> {

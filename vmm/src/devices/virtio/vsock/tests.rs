@@ -254,6 +254,15 @@ fn bad_connect_lines_are_dropped() {
     assert!(g.take_rx().is_empty());
     let mut buf = [0u8; 1];
     assert_eq!(host.read(&mut buf).expect("closed"), 0, "the back-end hung up");
+    // A partial line is consumed and waited on, not spun on.
+    let mut host = UnixStream::connect(&g.uds).expect("connect");
+    g.host_event();
+    host.write_all(b"CONN").expect("write");
+    g.host_event();
+    assert!(!g.try_host_event(0), "a partial line leaves nothing ready");
+    host.write_all(b"ECT 52\n").expect("write");
+    g.host_event();
+    assert_eq!(g.take_rx()[0].0.op, OP_REQUEST);
     let mut host = UnixStream::connect(&g.uds).expect("connect");
     g.host_event();
     host.write_all(&[b'x'; 40]).expect("write");
