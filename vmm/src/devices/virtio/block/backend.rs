@@ -2,7 +2,10 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+
+use nix::fcntl::{fallocate, FallocateFlags};
 
 /// Storage behind a virtio-blk device. Reads take `&self` so a shared,
 /// read-only view (the image's erofs view) serves several devices.
@@ -28,6 +31,18 @@ pub trait BlockBackend: Send + Sync {
 
     /// Whether the disk refuses writes (the device then offers VIRTIO_BLK_F_RO).
     fn read_only(&self) -> bool;
+
+    /// Whether [`Self::discard`] works (the device then offers DISCARD and
+    /// WRITE_ZEROES).
+    fn can_discard(&self) -> bool {
+        false
+    }
+
+    /// Drops `len` bytes at `offset`: they read as zeros afterwards (a
+    /// sparse file gives the space back).
+    fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
 }
 
 /// A disk in a host file (the sandbox's sparse scratch disk), read and
@@ -72,5 +87,20 @@ impl BlockBackend for FileBackend {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn can_discard(&self) -> bool {
+        !self.read_only
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+        }
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(io::ErrorKind::InvalidInput.into());
+        };
+        let mode = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        fallocate(self.file.as_raw_fd(), mode, offset, len).map_err(io::Error::from)
     }
 }

@@ -2,11 +2,13 @@
 
 use std::sync::Arc;
 
-use virtio_bindings::virtio_blk::{VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX};
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
+};
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::{Queue, QueueT};
 
-use super::{request, BlockBackend, ID_LEN, QUEUE_SIZE, SECTOR_SIZE};
+use super::{request, BlockBackend, ID_LEN, MAX_DISCARD_SECTORS, MAX_DISCARD_SEGMENTS, QUEUE_SIZE, SECTOR_SIZE};
 use crate::devices::virtio::{
     read_config_bytes, GuestMemory, UsedQueues, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_RING_F_INDIRECT_DESC,
 };
@@ -37,6 +39,16 @@ impl Block {
         config[12..16].copy_from_slice(&u32::from(QUEUE_SIZE - 2).to_le_bytes());
         // num_queues
         config[34..36].copy_from_slice(&1u16.to_le_bytes());
+        if disk.can_discard() {
+            // max_discard_sectors, max_discard_seg, discard_sector_alignment
+            config[36..40].copy_from_slice(&MAX_DISCARD_SECTORS.to_le_bytes());
+            config[40..44].copy_from_slice(&MAX_DISCARD_SEGMENTS.to_le_bytes());
+            config[44..48].copy_from_slice(&1u32.to_le_bytes());
+            // max_write_zeroes_sectors, max_write_zeroes_seg, write_zeroes_may_unmap
+            config[48..52].copy_from_slice(&MAX_DISCARD_SECTORS.to_le_bytes());
+            config[52..56].copy_from_slice(&MAX_DISCARD_SEGMENTS.to_le_bytes());
+            config[56] = 1;
+        }
         Self { disk, id: id_bytes, config, acked: 0, buf: Vec::new() }
     }
 
@@ -63,6 +75,9 @@ impl VirtioDevice for Block {
             | 1 << VIRTIO_BLK_F_FLUSH;
         if self.disk.read_only() {
             features |= 1 << VIRTIO_BLK_F_RO;
+        }
+        if self.disk.can_discard() {
+            features |= 1 << VIRTIO_BLK_F_DISCARD | 1 << VIRTIO_BLK_F_WRITE_ZEROES;
         }
         features
     }

@@ -5,18 +5,22 @@
 use std::io::{self, Read, Write};
 
 use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
-    VIRTIO_BLK_T_OUT,
+    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH,
+    VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES,
 };
 use virtio_queue::{DescriptorChain, Reader, Writer};
 
-use super::{BlockBackend, SECTOR_SIZE};
+use super::{BlockBackend, MAX_DISCARD_SECTORS, MAX_DISCARD_SEGMENTS, SECTOR_SIZE};
 use crate::devices::virtio::GuestMemory;
 
 /// Size of `struct virtio_blk_outhdr`.
 const HEADER_LEN: usize = 16;
 /// Data moves through a bounce buffer of at most this many bytes at a time.
 const CHUNK: usize = 64 * 1024;
+/// Size of `struct virtio_blk_discard_write_zeroes`.
+const SEGMENT_LEN: usize = 16;
+/// Its `flags` bit: the device may unmap (allowed for WRITE_ZEROES only).
+const SEGMENT_F_UNMAP: u32 = 1;
 
 /// Why a request failed (answered IOERR or UNSUPP).
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +33,8 @@ pub(super) enum RequestError {
     ReadOnly,
     #[error("unsupported request type {0}")]
     Unsupported(u32),
+    #[error("malformed discard/write-zeroes segments")]
+    BadSegments,
     #[error("backend: {0}")]
     Backend(#[source] io::Error),
     #[error("guest memory: {0}")]
@@ -110,8 +116,42 @@ fn run(
             let n = id.len().min(writer.available_bytes());
             writer.write_all(&id[..n]).map_err(RequestError::Guest)
         }
+        VIRTIO_BLK_T_DISCARD | VIRTIO_BLK_T_WRITE_ZEROES if disk.can_discard() => {
+            discard(reader, disk, kind == VIRTIO_BLK_T_WRITE_ZEROES)
+        }
         other => Err(RequestError::Unsupported(other)),
     }
+}
+
+/// DISCARD and WRITE_ZEROES: both drop the ranges (they read back as
+/// zeros). All segments are checked before any is applied.
+fn discard(reader: &mut Reader<'_>, disk: &dyn BlockBackend, write_zeroes: bool) -> Result<(), RequestError> {
+    let count = reader.available_bytes() / SEGMENT_LEN;
+    if count == 0 || count > MAX_DISCARD_SEGMENTS as usize || count * SEGMENT_LEN != reader.available_bytes() {
+        return Err(RequestError::BadSegments);
+    }
+    let mut ranges = Vec::with_capacity(count);
+    for _ in 0..count {
+        let mut raw = [0u8; SEGMENT_LEN];
+        reader.read_exact(&mut raw).map_err(RequestError::Guest)?;
+        let mut sector = [0u8; 8];
+        sector.copy_from_slice(&raw[0..8]);
+        let sector = u64::from_le_bytes(sector);
+        let sectors = u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
+        let flags = u32::from_le_bytes([raw[12], raw[13], raw[14], raw[15]]);
+        if sectors > MAX_DISCARD_SECTORS || flags & !SEGMENT_F_UNMAP != 0 {
+            return Err(RequestError::BadSegments);
+        }
+        if !write_zeroes && flags != 0 {
+            return Err(RequestError::Unsupported(VIRTIO_BLK_T_DISCARD));
+        }
+        let len = u64::from(sectors) * SECTOR_SIZE;
+        ranges.push((checked_range(disk, sector, len)?, len));
+    }
+    for (offset, len) in ranges {
+        disk.discard(offset, len).map_err(RequestError::Backend)?;
+    }
+    Ok(())
 }
 
 /// The byte offset of `sector` if `len` bytes from there lie on the disk.
