@@ -5,7 +5,7 @@
 //! (`/var/cache/pvisor/guest/*/vmlinux`, or `PVISOR_GUEST_KERNEL`) with an
 //! initramfs built here: Debian's static busybox as the shell and, when gcc
 //! is present, a small static vsock program. The guest reads a marker from
-//! the disk, writes a line back, connects to the host over vsock, then
+//! the disk, writes a line back, discards a range, connects to the host over vsock, then
 //! accepts a host-initiated connection and echoes it.
 //!
 //! Without a kernel or QEMU the test prints SKIP and passes; under
@@ -101,6 +101,7 @@ const INIT: &str = r#"#!/bin/busybox sh
 echo "DISK-HEAD: $(/bin/busybox head -c 29 /dev/vda)"
 echo guest-wrote-this | /bin/busybox dd of=/dev/vda bs=512 seek=16 conv=fsync 2>/dev/null
 /bin/busybox sync
+/bin/busybox blkdiscard -o 65536 -l 65536 /dev/vda && echo DISCARD-OK
 if [ -x /bin/vsock-test ]; then /bin/vsock-test; fi
 echo GUEST-DONE
 /bin/busybox reboot -f
@@ -203,6 +204,7 @@ fn linux_guest_uses_vhost_user_blk_and_vsock() {
     let disk_file = std::fs::File::create(&disk_path).expect("disk");
     disk_file.set_len(1 << 20).expect("size disk");
     disk_file.write_all_at(DISK_MARKER, 0).expect("marker");
+    disk_file.write_all_at(&[0xaa; 65536], 65536).expect("range the guest discards");
     let disk =
         FileBackend::new(std::fs::OpenOptions::new().read(true).write(true).open(&disk_path).expect("open"), false)
             .expect("backend");
@@ -316,6 +318,10 @@ fn linux_guest_uses_vhost_user_blk_and_vsock() {
     let mut written = vec![0u8; GUEST_LINE.len()];
     std::fs::File::open(&disk_path).expect("disk").read_exact_at(&mut written, 16 * 512).expect("read disk");
     assert_eq!(written, GUEST_LINE, "guest write did not reach the disk file\n{context}");
+    assert!(console.contains("DISCARD-OK"), "guest discard failed\n{context}");
+    let mut discarded = vec![0xffu8; 65536];
+    std::fs::File::open(&disk_path).expect("disk").read_exact_at(&mut discarded, 65536).expect("read disk");
+    assert!(discarded.iter().all(|b| *b == 0), "discarded range reads as zeros\n{context}");
     assert!(blk_result.is_ok(), "blk server ends cleanly when qemu exits\n{context}");
 
     if vsock_program.is_some() {

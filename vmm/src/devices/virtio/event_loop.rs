@@ -8,7 +8,8 @@
 //!
 //! * loop: `epoll_wait`; `read`/`write` on eventfds (queue notify, irqfd,
 //!   exit, connect requests); `futex` (device locks, mpsc).
-//! * virtio-blk: `pread64`, `pwrite64`, `fdatasync`* (FLUSH).
+//! * virtio-blk: `pread64`, `pwrite64`, `fdatasync`* (FLUSH), `fallocate`*
+//!   (DISCARD, WRITE_ZEROES: punch hole).
 //! * virtio-vsock: `epoll_wait` (timeout 0) and `epoll_ctl` on its inner
 //!   set; `socket(AF_UNIX, SOCK_STREAM|SOCK_NONBLOCK|SOCK_CLOEXEC)` and
 //!   `connect` (guest connects); `accept4`* (listener); `recvfrom`,
