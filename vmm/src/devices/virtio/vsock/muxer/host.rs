@@ -63,7 +63,17 @@ impl Muxer {
             let fd = match socket::accept4(listen_fd, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC) {
                 Ok(fd) => fd,
                 Err(nix::errno::Errno::EINTR) | Err(nix::errno::Errno::ECONNABORTED) => continue,
-                Err(_) => return,
+                Err(nix::errno::Errno::EAGAIN) => return,
+                Err(e) => {
+                    // Out of fds (EMFILE, ENFILE, ENOBUFS): the pending
+                    // connection stays in the backlog and the listener
+                    // stays readable, so stop polling it until a
+                    // connection closes rather than spin.
+                    tracing::warn!("vsock: accept: {e}; pausing the listener");
+                    let _ = ctl(&self.epoll, ControlOperation::Delete, listen_fd, EventSet::empty(), 0);
+                    self.listener_paused = true;
+                    return;
+                }
             };
             // SAFETY: accept4 just returned this fd and nothing else owns it.
             let stream = UnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
@@ -97,10 +107,13 @@ impl Muxer {
         };
         let Some(Source::Pending(stream, _)) = self.sources.remove(&token) else { return };
         let _ = ctl(&self.epoll, ControlOperation::Delete, stream.as_raw_fd(), EventSet::empty(), 0);
-        let port = outcome.as_deref().and_then(parse_connect_line);
-        match port {
+        match outcome.as_deref().and_then(parse_connect_line) {
             Some(port) => self.host_connect(port, stream, None, true),
-            None => tracing::debug!("vsock: bad CONNECT line from a host peer"),
+            None => {
+                tracing::debug!("vsock: bad CONNECT line from a host peer");
+                drop(stream);
+                self.resume_listener();
+            }
         }
     }
 

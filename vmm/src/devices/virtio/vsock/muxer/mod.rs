@@ -63,6 +63,8 @@ pub(super) struct Muxer {
     uds_path: Option<PathBuf>,
     epoll: Epoll,
     listener: Option<UnixListener>,
+    /// The listener is out of the epoll set (accept ran out of fds).
+    listener_paused: bool,
     requests: Receiver<ConnectRequest>,
     request_evt: Arc<EventFd>,
     conns: HashMap<ConnKey, Connection>,
@@ -113,6 +115,7 @@ impl Muxer {
             uds_path,
             epoll,
             listener,
+            listener_paused: false,
             requests,
             request_evt,
             conns: HashMap::new(),
@@ -202,6 +205,16 @@ impl Muxer {
             if let State::LocalInit { reply: Some(reply), .. } = conn.state {
                 let _ = reply.send(Err(io::ErrorKind::ConnectionRefused.into()));
             }
+            self.resume_listener();
+        }
+    }
+
+    /// An fd was freed: poll a paused listener again.
+    fn resume_listener(&mut self) {
+        if let (true, Some(listener)) = (self.listener_paused, &self.listener) {
+            if ctl(&self.epoll, ControlOperation::Add, listener.as_raw_fd(), EventSet::IN, TOKEN_LISTENER).is_ok() {
+                self.listener_paused = false;
+            }
         }
     }
 
@@ -212,11 +225,18 @@ impl Muxer {
     }
 
     fn drop_source(&mut self, token: u64) {
-        if let Some(Source::Pending(stream, _)) = self.sources.remove(&token) {
-            let _ = ctl(&self.epoll, ControlOperation::Delete, stream.as_raw_fd(), EventSet::empty(), 0);
-        } else if let Some(Source::Conn(key)) = self.sources.get(&token) {
-            let key = *key;
-            self.remove(key);
+        match self.sources.get(&token) {
+            Some(Source::Conn(key)) => {
+                let key = *key;
+                self.remove(key);
+            }
+            Some(Source::Pending(..)) => {
+                if let Some(Source::Pending(stream, _)) = self.sources.remove(&token) {
+                    let _ = ctl(&self.epoll, ControlOperation::Delete, stream.as_raw_fd(), EventSet::empty(), 0);
+                }
+                self.resume_listener();
+            }
+            None => {}
         }
     }
 }
