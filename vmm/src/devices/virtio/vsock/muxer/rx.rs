@@ -1,8 +1,9 @@
 //! Packets to the guest (rx): control packets first, then host data as
 //! the guest's credit and rx buffers allow.
 
-use nix::sys::socket::{self, MsgFlags};
 use std::os::fd::AsRawFd;
+
+use nix::sys::socket::{self, MsgFlags};
 use virtio_queue::{Queue, QueueOwnedT, QueueT, Writer};
 
 use super::{ConnKey, Muxer};
