@@ -10,7 +10,11 @@ pub async fn connect(sandbox: Arc<dyn Sandbox>) -> Result<Channel> {
     let connector = tower::service_fn(move |_: http::Uri| {
         let sandbox = sandbox.clone();
         async move {
-            let std = sandbox.connect_agent().map_err(std::io::Error::other)?;
+            // A vm backend may wait for its guest to boot: off the runtime.
+            let std = tokio::task::spawn_blocking(move || sandbox.connect_agent())
+                .await
+                .map_err(std::io::Error::other)?
+                .map_err(std::io::Error::other)?;
             std.set_nonblocking(true)?;
             Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::from_std(std)?))
         }

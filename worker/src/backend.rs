@@ -64,13 +64,18 @@ pub trait Backend {
     fn start(&self, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>>;
     /// Every thread this backend's worker runs, and its seccomp filter.
     fn threads(&self) -> &'static [ThreadFilter];
+    /// Whether the main thread installs its filter on every thread
+    /// (threads the backend started install none of their own).
+    fn sync_filter(&self) -> bool {
+        false
+    }
 }
 
 /// The backend a configuration asks for.
 pub fn for_config(cfg: &WorkerConfig) -> Result<Box<dyn Backend>> {
     match &cfg.backend {
         Some(BackendConfig::Ns(_)) => Ok(Box::new(crate::ns::NsBackend)),
-        Some(BackendConfig::Vm(_)) => crate::vm::backend(),
+        Some(BackendConfig::Vm(_)) => crate::vm::backend(cfg),
         None => Err(WorkerError::Config("no backend part (ns or vm)".into())),
     }
 }

@@ -104,6 +104,7 @@ fn main() {
     // the backend starts (a VMM's vCPUs and devices) install their own filters.
     let backend = backend::for_config(&cfg);
     let filter = backend.as_ref().ok().and_then(|b| filter_of(b.threads(), Thread::Api));
+    let sync = backend.as_ref().is_ok_and(|b| b.sync_filter());
     let started = backend.and_then(|b| b.start(&cfg));
     let t_started = t0.elapsed();
     let (sandbox, initial) = match started {
@@ -115,7 +116,8 @@ fn main() {
     };
     // The main thread's filter, inherited by the watcher threads below.
     let filter = filter.unwrap_or(pvisor_seccomp::FilterKind::Worker);
-    match pvisor_seccomp::filter(filter).and_then(|f| pvisor_seccomp::apply_to_thread(&f)) {
+    let apply = if sync { pvisor_seccomp::apply_to_all_threads } else { pvisor_seccomp::apply_to_thread };
+    match pvisor_seccomp::filter(filter).and_then(|f| apply(&f)) {
         Ok(()) => {}
         Err(e) => fail(format!("seccomp: {e}")),
     }

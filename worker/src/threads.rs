@@ -19,8 +19,10 @@ pub enum Thread {
     Waiter,
     /// Runs one vCPU (vm).
     Vcpu,
-    /// The device event loop: virtio queues, console, vsock host sockets (vm).
+    /// The device event loop: virtio queues, vsock host sockets (vm).
     Devices,
+    /// Waits for the VM to end, or copies a test engine's console (vm).
+    Console,
 }
 
 /// One thread's filter, and why that one.
