@@ -42,6 +42,10 @@ impl Agent for AgentService {
         Ok(Response::new(PingReply { version: env!("CARGO_PKG_VERSION").into(), pid: std::process::id() }))
     }
 
+    async fn configure(&self, _: Request<pvisor_proto::agent::AgentConfig>) -> Res<PingReply> {
+        Err(Status::unimplemented("Agent.Configure is not implemented yet"))
+    }
+
     type ExecStream = Stream<ExecEvent>;
     async fn exec(&self, req: Request<ExecRequest>) -> Res<Self::ExecStream> {
         let (tx, rx) = mpsc::channel(256);
