@@ -38,7 +38,8 @@ pub fn run_selftest(cfg: &GuestCmdline) -> usize {
         ("mounts", sandbox_mounts()),
         ("hostname", hostname(&cfg.hostname)),
         ("loopback", loopback()),
-        ("vsock", vsock_check(cfg.port)),
+        ("vsock", with_runtime(|rt| vsock_check(rt, cfg.port))),
+        ("grpc", with_runtime(|rt| grpc_check(rt, cfg.port))),
     ];
     let mut failed = 0;
     for (name, outcome) in &outcomes {
@@ -49,6 +50,14 @@ pub fn run_selftest(cfg: &GuestCmdline) -> usize {
     let _ = writeln!(out, "pvisor-selftest: done, {failed} failed");
     let _ = out.flush();
     failed
+}
+
+/// Runs `f` on a fresh single-threaded tokio runtime (dropped afterwards).
+fn with_runtime(f: impl FnOnce(&tokio::runtime::Runtime) -> Outcome) -> Outcome {
+    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => f(&rt),
+        Err(e) => Outcome::Fail(format!("tokio runtime: {e}")),
+    }
 }
 
 fn shell() -> Outcome {
@@ -126,40 +135,86 @@ fn loopback() -> Outcome {
     }
 }
 
-/// How long the vsock check waits for a connection to itself: a transport
+/// How long a vsock check waits for a connection to itself: a transport
 /// that sends CID 1 to a host that never answers must not hang the test.
 const VSOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Binds the agent's port and, when the kernel has the loopback transport,
-/// connects to itself (`VMADDR_CID_LOCAL`) twice.
-fn vsock_check(port: u32) -> Outcome {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => return Outcome::Fail(format!("tokio runtime: {e}")),
-    };
+/// Binds the agent's port and, through the kernel's loopback transport
+/// (CID 1), connects to itself twice and exchanges bytes each time.
+fn vsock_check(rt: &tokio::runtime::Runtime, port: u32) -> Outcome {
     rt.block_on(async move {
         let listener = match vsock::VsockListener::bind(port) {
             Ok(l) => l,
             Err(e) => return Outcome::Fail(format!("bind port {port}: {e}")),
         };
         for round in 0..2 {
-            let connected = tokio::time::timeout(VSOCK_WAIT, async {
+            let echoed = tokio::time::timeout(VSOCK_WAIT, async {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
                 // The kernel completes the handshake from the listen queue, before accept.
-                let c = vsock::VsockStream::connect(vsock::CID_LOCAL, port).await?;
-                let a = listener.accept().await?;
-                Ok::<_, std::io::Error>((c, a))
+                let mut c = vsock::VsockStream::connect(vsock::CID_LOCAL, port).await?;
+                let mut a = listener.accept().await?;
+                c.write_all(b"ping").await?;
+                let mut buf = [0u8; 4];
+                a.read_exact(&mut buf).await?;
+                a.write_all(&buf).await?;
+                c.read_exact(&mut buf).await?;
+                Ok::<_, std::io::Error>(buf)
             })
             .await;
-            match connected {
-                Ok(Ok(_)) => {}
+            match echoed {
+                Ok(Ok(b)) if &b == b"ping" => {}
+                Ok(Ok(b)) => return Outcome::Fail(format!("round {round}: echo {b:?}")),
                 Ok(Err(e)) if e.raw_os_error() == Some(libc::ENODEV) => {
                     return Outcome::Skip(format!("bound port {port}; no transport to connect to CID 1 ({e})"))
                 }
-                Ok(Err(e)) => return Outcome::Fail(format!("bound port {port}; connect round {round}: {e}")),
+                Ok(Err(e)) => return Outcome::Fail(format!("bound port {port}; round {round}: {e}")),
                 Err(_) => return Outcome::Skip(format!("bound port {port}; CID 1 did not answer in {VSOCK_WAIT:?}")),
             }
         }
-        Outcome::Ok(format!("bound port {port}, connected to CID 1 twice"))
+        Outcome::Ok(format!("bound port {port}, 2 connections to CID 1 echoed"))
+    })
+}
+
+/// Serves the agent's gRPC service on the vsock listener (as the guest
+/// agent does) and pings it from two clients in turn over CID 1: repeated
+/// accepts, HTTP/2 over vsock.
+fn grpc_check(rt: &tokio::runtime::Runtime, port: u32) -> Outcome {
+    use pvisor_proto::agent::{agent_client::AgentClient, agent_server::AgentServer, Empty};
+    rt.block_on(async move {
+        let incoming = match vsock::incoming(port) {
+            Ok(i) => i,
+            Err(e) => return Outcome::Fail(format!("bind port {port}: {e}")),
+        };
+        let svc = crate::service::AgentService::new(crate::config::AgentConfig::default());
+        let server = tokio::spawn(
+            tonic::transport::Server::builder().add_service(AgentServer::new(svc)).serve_with_incoming(incoming),
+        );
+        let mut outcome = Outcome::Ok(format!("2 clients in turn pinged the agent on vsock port {port}"));
+        for round in 0..2 {
+            let pinged = tokio::time::timeout(VSOCK_WAIT, async {
+                let channel = tonic::transport::Endpoint::from_static("http://agent")
+                    .connect_with_connector(tower::service_fn(move |_: http::Uri| async move {
+                        let s = vsock::VsockStream::connect(vsock::CID_LOCAL, port).await?;
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+                    }))
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?;
+                let reply = AgentClient::new(channel).ping(Empty {}).await.map_err(|e| format!("ping: {e}"))?;
+                Ok::<_, String>(reply.into_inner().pid)
+            })
+            .await;
+            match pinged {
+                Ok(Ok(1)) => {}
+                Ok(Ok(pid)) => outcome = Outcome::Fail(format!("round {round}: agent pid {pid}, not 1")),
+                Ok(Err(e)) => outcome = Outcome::Fail(format!("round {round}: {e}")),
+                Err(_) => outcome = Outcome::Fail(format!("round {round}: no answer in {VSOCK_WAIT:?}")),
+            }
+            if matches!(outcome, Outcome::Fail(_)) {
+                break;
+            }
+        }
+        server.abort();
+        outcome
     })
 }
 
