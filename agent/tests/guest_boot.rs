@@ -281,3 +281,50 @@ fn a_failed_boot_says_why_on_the_console_and_powers_off() {
     assert!(console.contains("pvisor-agent: boot failed: mount erofs /dev/vda on /mnt/lower: E"), "{console}");
     assert!(!console.contains("Kernel panic"), "powered off, not panicked:\n{console}");
 }
+
+/// A test image archive (scripts build them into /var/cache/pvisor/test-images).
+fn test_image(name: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("PVISOR_TEST_IMAGES")
+        .map_or_else(|| PathBuf::from("/var/cache/pvisor/test-images"), PathBuf::from);
+    let path = dir.join(name);
+    if path.exists() {
+        return Some(path);
+    }
+    println!("SKIP: test image {} is missing (images/testdata/build-test-images.sh)", path.display());
+    None
+}
+
+/// Imports `archive` into a pool under `dir` and writes the image's erofs
+/// view out to a file, as the vm backend will serve it over virtio-blk.
+fn pool_erofs(dir: &Path, archive: &Path) -> PathBuf {
+    use pvisor_images::{erofs::ErofsView, Options, Pool};
+    let pool = Pool::open_with(&dir.join("pool"), Options::default()).unwrap();
+    let records = pool.import(archive).unwrap();
+    let fs = ErofsView::new(std::sync::Arc::new(pool.view(&records[0]).unwrap())).unwrap();
+    let path = dir.join("pool-view.erofs");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    let mut buf = vec![0u8; 1 << 20];
+    let mut offset = 0;
+    while offset < fs.len() {
+        let n = fs.read_at(offset, &mut buf).unwrap();
+        assert!(n > 0, "short read at {offset} of {}", fs.len());
+        std::io::Write::write_all(&mut out, &buf[..n]).unwrap();
+        offset += n as u64;
+    }
+    std::io::Write::flush(&mut out).unwrap();
+    path
+}
+
+#[test]
+fn boots_a_debian_image_of_the_pool_through_its_erofs_view() {
+    let Some(g) = guest() else { return };
+    let Some(archive) = test_image("debian-bookworm-slim.tar") else { return };
+    let root = pool_erofs(g.dir.path(), &archive);
+    let console = boot(&g.kernel, &g.initrd, &root, &g.scratch, "pvisor.hostname=debian-guest pvisor.selftest=1");
+    for check in ["shell", "root", "mounts", "hostname", "loopback", "vsock", "grpc"] {
+        assert!(selftest_line(&console, check).contains(": ok "), "{check}:\n{console}");
+    }
+    assert!(console.contains("pvisor-selftest: done, 0 failed"), "{console}");
+    assert_eq!(debugfs_cat(&g.scratch, "/upper/x"), "ok\n");
+    assert_eq!(debugfs_cat(&g.scratch, "/upper/etc/hostname"), "debian-guest\n");
+}
