@@ -158,12 +158,12 @@ fn vsock_check(rt: &tokio::runtime::Runtime, port: u32) -> Outcome {
                 a.read_exact(&mut buf).await?;
                 a.write_all(&buf).await?;
                 c.read_exact(&mut buf).await?;
-                Ok::<_, std::io::Error>(buf)
+                Ok::<_, std::io::Error>((buf, a.peer()))
             })
             .await;
             match echoed {
-                Ok(Ok(b)) if &b == b"ping" => {}
-                Ok(Ok(b)) => return Outcome::Fail(format!("round {round}: echo {b:?}")),
+                Ok(Ok((b, Some(_)))) if &b == b"ping" => {}
+                Ok(Ok((b, peer))) => return Outcome::Fail(format!("round {round}: echo {b:?} from peer {peer:?}")),
                 Ok(Err(e)) if e.raw_os_error() == Some(libc::ENODEV) => {
                     return Outcome::Skip(format!("bound port {port}; no transport to connect to CID 1 ({e})"))
                 }
