@@ -320,7 +320,9 @@ fn boots_a_debian_image_of_the_pool_through_its_erofs_view() {
     let Some(g) = guest() else { return };
     let Some(archive) = test_image("debian-bookworm-slim.tar") else { return };
     let root = pool_erofs(g.dir.path(), &archive);
-    let console = boot(&g.kernel, &g.initrd, &root, &g.scratch, "pvisor.hostname=debian-guest pvisor.selftest=1");
+    // `single`: a bare word the kernel hands to init as an argument.
+    let cmdline = "pvisor.hostname=debian-guest pvisor.selftest=1 single";
+    let console = boot(&g.kernel, &g.initrd, &root, &g.scratch, cmdline);
     for check in ["shell", "root", "mounts", "hostname", "loopback", "vsock", "grpc"] {
         assert!(selftest_line(&console, check).contains(": ok "), "{check}:\n{console}");
     }

@@ -11,7 +11,7 @@
 //! (the sandbox's log) and powers the guest off ([`power`]).
 //!
 //! For `main`: [`is_guest_init`] tells guest mode apart (PID 1 and no
-//! arguments: the kernel starts init with none), [`init`] does everything up
+//! `--flag` arguments: the kernel starts init with none), [`init`] does everything up
 //! to serving and returns the command line; then serve on
 //! [`vsock::incoming`]`(cfg.port)` inside the tokio runtime.
 pub mod boot;
@@ -29,10 +29,17 @@ pub use cmdline::GuestCmdline;
 pub use error::GuestError;
 pub use selftest::run_selftest;
 
-/// True when this process is the init of a guest: PID 1, started without
-/// arguments (the ns backend starts the agent with `--fd`).
+/// True when this process is the init of a guest: PID 1 and no `--flag`
+/// argument (the ns backend starts the agent with `--fd`; the kernel starts
+/// init with none, though it passes on stray command-line words, such as a
+/// bare `single`, as arguments).
 pub fn is_guest_init() -> bool {
-    nix::unistd::getpid().as_raw() == 1 && std::env::args_os().len() <= 1
+    nix::unistd::getpid().as_raw() == 1 && !is_agent_invocation(std::env::args_os().skip(1))
+}
+
+/// True when `args` (without argv[0]) hold a `--flag`: the agent's own command line.
+fn is_agent_invocation(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    args.any(|a| a.as_encoded_bytes().starts_with(b"--"))
 }
 
 /// The guest's start, before any thread exists: early mounts, the command
@@ -53,4 +60,22 @@ pub fn init() -> GuestCmdline {
         power::poweroff();
     }
     cfg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> impl Iterator<Item = std::ffi::OsString> {
+        a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>().into_iter()
+    }
+
+    #[test]
+    fn guest_mode_only_without_agent_flags() {
+        assert!(!is_guest_init(), "the test runner is not PID 1");
+        assert!(!is_agent_invocation(args(&[])));
+        assert!(!is_agent_invocation(args(&["single", "1"])), "stray kernel words");
+        assert!(is_agent_invocation(args(&["--fd", "3"])));
+        assert!(is_agent_invocation(args(&["--listen", "/tmp/a.sock", "--config", "{}"])));
+    }
 }
