@@ -227,9 +227,14 @@ fn guest() -> Option<Guest> {
     Some(Guest { dir, kernel, initrd, root, scratch })
 }
 
-fn debugfs_cat(img: &Path, path: &str) -> String {
-    let out = run(Command::new("debugfs").arg("-R").arg(format!("cat {path}")).arg(img).stderr(Stdio::null()));
+/// The output of one debugfs request on the ext4 image `img`.
+fn debugfs(img: &Path, request: &str) -> String {
+    let out = run(Command::new("debugfs").arg("-R").arg(request).arg(img).stderr(Stdio::null()));
     String::from_utf8_lossy(&out).into_owned()
+}
+
+fn debugfs_cat(img: &Path, path: &str) -> String {
+    debugfs(img, &format!("cat {path}"))
 }
 
 fn selftest_line<'a>(console: &'a str, check: &str) -> &'a str {
@@ -262,6 +267,12 @@ fn boots_into_the_overlay_and_writes_land_on_the_scratch_disk() {
     // ...including the boot's copy-up of an image file it rewrote.
     assert_eq!(debugfs_cat(&g.scratch, "/upper/etc/hostname"), format!("{HOSTNAME}\n"));
     assert_eq!(debugfs_cat(&g.scratch, "/upper/etc/image-file"), "", "an untouched image file is not copied up");
+    // The image's /tmp and /dev symlinks were replaced by directories in the
+    // upper (mounts went inside the new root, not through the links).
+    for d in ["/upper/tmp", "/upper/dev", "/upper/proc"] {
+        let stat = debugfs(&g.scratch, &format!("stat {d}"));
+        assert!(stat.contains("Type: directory"), "{d}: {stat}");
+    }
     // ...and the image's disk is unchanged.
     assert!(std::fs::read(&g.root).unwrap() == image_before, "the erofs image was modified");
     drop(g.dir);
