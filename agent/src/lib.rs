@@ -13,6 +13,7 @@ pub mod commands;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod guest;
 pub mod lines;
 pub mod passwd;
 pub mod reaper;

@@ -1,0 +1,81 @@
+//! The agent as init of a Linux microVM guest (the vm backend).
+//!
+//! In the vm backend the agent is `/init` of the initramfs and PID 1 of the
+//! guest kernel. Before serving anything it builds the sandbox's root
+//! ([`boot`]): the image's erofs view (a read-only virtio-blk disk) as the
+//! lower layer of an overlay whose upper lives on the sandbox's scratch disk
+//! (ext4), switched to as `/`. It then serves the same gRPC API as in the
+//! ns backend, over vsock ([`vsock`]), accepting again whenever the worker
+//! reconnects. Its configuration comes from `pvisor.*` keys on the kernel
+//! command line ([`cmdline`]). A boot that fails says why on the console
+//! (the sandbox's log) and powers the guest off ([`power`]).
+//!
+//! For `main`: [`is_guest_init`] tells guest mode apart (PID 1 and no
+//! `--flag` arguments: the kernel starts init with none), [`init`] does everything up
+//! to serving and returns the command line; then serve on
+//! [`vsock::incoming`]`(cfg.port)` inside the tokio runtime.
+pub mod boot;
+pub mod cmdline;
+pub mod console;
+pub mod error;
+pub mod mounts;
+pub mod net;
+pub mod power;
+pub mod selftest;
+pub mod vsock;
+
+pub use boot::boot;
+pub use cmdline::GuestCmdline;
+pub use error::GuestError;
+pub use selftest::run_selftest;
+
+/// True when this process is the init of a guest: PID 1 and no `--flag`
+/// argument (the ns backend starts the agent with `--fd`; the kernel starts
+/// init with none, though it passes on stray command-line words, such as a
+/// bare `single`, as arguments).
+pub fn is_guest_init() -> bool {
+    nix::unistd::getpid().as_raw() == 1 && !is_agent_invocation(std::env::args_os().skip(1))
+}
+
+/// True when `args` (without argv[0]) hold a `--flag`: the agent's own command line.
+fn is_agent_invocation(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    args.any(|a| a.as_encoded_bytes().starts_with(b"--"))
+}
+
+/// The guest's start, before any thread exists: early mounts, the command
+/// line, [`boot`]. On failure it reports on the console and powers off; with
+/// `pvisor.selftest=1` it runs [`run_selftest`] and powers off. Otherwise it
+/// returns the command line, and the caller serves on `cfg.port`.
+pub fn init() -> GuestCmdline {
+    let cfg = match boot::early().and_then(|()| GuestCmdline::from_proc()) {
+        Ok(cfg) => cfg,
+        Err(e) => power::fatal(&e),
+    };
+    if let Err(e) = boot(&cfg) {
+        power::fatal(&e);
+    }
+    console::line(&format!("sandbox root ready (hostname {}, vsock port {})", cfg.hostname, cfg.port));
+    if cfg.selftest {
+        run_selftest(&cfg);
+        power::poweroff();
+    }
+    cfg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> impl Iterator<Item = std::ffi::OsString> {
+        a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>().into_iter()
+    }
+
+    #[test]
+    fn guest_mode_only_without_agent_flags() {
+        assert!(!is_guest_init(), "the test runner is not PID 1");
+        assert!(!is_agent_invocation(args(&[])));
+        assert!(!is_agent_invocation(args(&["single", "1"])), "stray kernel words");
+        assert!(is_agent_invocation(args(&["--fd", "3"])));
+        assert!(is_agent_invocation(args(&["--listen", "/tmp/a.sock", "--config", "{}"])));
+    }
+}
