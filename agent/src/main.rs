@@ -1,15 +1,17 @@
 //! pvisor-agent: PID 1 of a sandbox.
 //!
 //! Usage: `pvisor-agent --fd N` (ns: N is the connection socket over which
-//! the worker sends a stream per connection) or `pvisor-agent --listen PATH`
-//! (tests). The configuration arrives over the first connection, as
-//! `Agent.Configure`.
+//! the worker sends a stream per connection), `pvisor-agent --listen PATH`
+//! (tests), or no arguments as PID 1 (vm: `/init` of the guest, which builds
+//! the sandbox's root and serves on vsock). The configuration arrives over
+//! the first connection, as `Agent.Configure`.
 use pvisor_agent::service::AgentService;
 use pvisor_agent::{reaper, server};
 
 enum Serve {
     Fd(i32),
     Listen(std::path::PathBuf),
+    Vsock(u32),
 }
 
 fn parse_args() -> Result<Serve, String> {
@@ -27,7 +29,14 @@ fn parse_args() -> Result<Serve, String> {
 }
 
 fn main() {
-    let serve = match parse_args() {
+    // A guest's init: build the root before any thread exists.
+    let guest = pvisor_agent::guest::is_guest_init().then(pvisor_agent::guest::init);
+    let in_guest = guest.is_some();
+    let serve = match guest {
+        Some(cfg) => Ok(Serve::Vsock(cfg.port)),
+        None => parse_args(),
+    };
+    let serve = match serve {
         Ok(a) => a,
         Err(e) => {
             eprintln!("pvisor-agent: {e}");
@@ -66,10 +75,15 @@ fn main() {
         match serve {
             Serve::Fd(fd) => server::serve_incoming(server::fd_connections(fd)?, svc).await,
             Serve::Listen(p) => server::serve_path(&p, svc).await,
+            Serve::Vsock(port) => server::serve_incoming(pvisor_agent::guest::vsock::incoming(port)?, svc).await,
         }
     });
     if let Err(e) = result {
         eprintln!("pvisor-agent: {e}");
+        if in_guest {
+            // PID 1 of a guest: end the VM rather than panic its kernel.
+            pvisor_agent::guest::power::poweroff();
+        }
         std::process::exit(1);
     }
 }

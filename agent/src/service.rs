@@ -110,10 +110,6 @@ impl Agent for AgentService {
         Ok(Response::new(ping_reply()))
     }
 
-    async fn configure(&self, _: Request<pvisor_proto::agent::AgentConfig>) -> Res<PingReply> {
-        Err(Status::unimplemented("Agent.Configure is not implemented yet"))
-    }
-
     type ExecStream = Stream<ExecEvent>;
     async fn exec(&self, req: Request<ExecRequest>) -> Res<Self::ExecStream> {
         self.configured()?;

@@ -5,10 +5,9 @@
 //! self-test (`pvisor.selftest=1`, since QEMU here has no vsock device the
 //! agent could serve on) and the guest's power-off.
 //!
-//! The guest `/init` is the `guest_init` example (the agent library's guest
-//! mode), built static by this test into its own target directory, or the
-//! binary `PVISOR_GUEST_INIT` names (e.g. the static agent, once its main
-//! dispatches guest mode). The kernel is `PVISOR_GUEST_KERNEL`, else the
+//! The guest `/init` is the static agent: `PVISOR_GUEST_INIT`, else
+//! `$PVISOR_DIST/pvisor-agent` (scripts/test.sh builds it), else built static
+//! by this test into its own target directory. The kernel is `PVISOR_GUEST_KERNEL`, else the
 //! newest `/var/cache/pvisor/guest/*/vmlinux` (scripts/guest-kernel.sh).
 //! Without a kernel the tests print SKIP, except under CI (`CI=true`).
 use std::io::Read;
@@ -57,14 +56,19 @@ fn run(cmd: &mut Command) -> Vec<u8> {
     out.stdout
 }
 
-/// The static guest init: `PVISOR_GUEST_INIT`, or the `guest_init` example
-/// built once per test run with `+crt-static` (its own target directory, so
-/// the flags do not rebuild the test's).
+/// The static guest init: `PVISOR_GUEST_INIT`, `$PVISOR_DIST/pvisor-agent`,
+/// or the agent built once per test run with `+crt-static` (its own target
+/// directory, so the flags do not rebuild the test's).
 fn guest_init() -> &'static Path {
     static INIT: OnceLock<PathBuf> = OnceLock::new();
     INIT.get_or_init(|| {
         if let Some(p) = std::env::var_os("PVISOR_GUEST_INIT") {
             return PathBuf::from(p);
+        }
+        if let Some(dist) = std::env::var_os("PVISOR_DIST") {
+            let agent = PathBuf::from(dist).join("pvisor-agent");
+            assert!(agent.is_file(), "{} missing (PVISOR_DIST is set)", agent.display());
+            return agent;
         }
         // .../target/debug/deps/guest_boot-HASH -> .../target
         let exe = std::env::current_exe().expect("current_exe");
@@ -78,14 +82,14 @@ fn guest_init() -> &'static Path {
                 "--locked",
                 "-p",
                 "pvisor-agent",
-                "--example",
-                "guest_init",
+                "--bin",
+                "pvisor-agent",
                 "--target",
                 triple,
             ])
             .env("CARGO_TARGET_DIR", &target)
             .env("RUSTFLAGS", "-C target-feature=+crt-static"));
-        target.join(triple).join("debug/examples/guest_init")
+        target.join(triple).join("debug/pvisor-agent")
     })
 }
 

@@ -185,7 +185,7 @@ fn grpc_check(rt: &tokio::runtime::Runtime, port: u32) -> Outcome {
             Ok(i) => i,
             Err(e) => return Outcome::Fail(format!("bind port {port}: {e}")),
         };
-        let svc = crate::service::AgentService::new(crate::config::AgentConfig::default());
+        let svc = crate::service::AgentService::new();
         let server = tokio::spawn(
             tonic::transport::Server::builder().add_service(AgentServer::new(svc)).serve_with_incoming(incoming),
         );

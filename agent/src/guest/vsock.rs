@@ -318,7 +318,7 @@ mod tests {
         use pvisor_proto::agent::agent_server::AgentServer;
         let dir = tempfile::tempdir().unwrap();
         let (l, path) = unix_listener(dir.path());
-        let svc = crate::service::AgentService::new(crate::config::AgentConfig::default());
+        let svc = crate::service::AgentService::new();
         let server = tokio::spawn(
             tonic::transport::Server::builder().add_service(AgentServer::new(svc)).serve_with_incoming(l.incoming()),
         );
