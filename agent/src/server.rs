@@ -78,7 +78,8 @@ pub fn fd_connections(fd: RawFd) -> io::Result<impl Stream<Item = io::Result<tok
     nix::fcntl::fcntl(sock.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))?;
     // SAFETY: `sock` is an open socket owned by the AsyncFd for its whole
     // life; OwnedFd::as_raw_fd always returns that same descriptor.
-    let sock = unsafe { AsyncFd::register_with_interest(sock, tokio::io::Interest::READABLE) }.map_err(io::Error::from)?;
+    let sock =
+        unsafe { AsyncFd::register_with_interest(sock, tokio::io::Interest::READABLE) }.map_err(io::Error::from)?;
     Ok(async_stream::stream! {
         loop {
             let got = match sock.readable().await {

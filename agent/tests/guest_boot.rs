@@ -76,17 +76,7 @@ fn guest_init() -> &'static Path {
         let triple = "x86_64-unknown-linux-gnu";
         run(Command::new(env!("CARGO"))
             .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args([
-                "build",
-                "--offline",
-                "--locked",
-                "-p",
-                "pvisor-agent",
-                "--bin",
-                "pvisor-agent",
-                "--target",
-                triple,
-            ])
+            .args(["build", "--offline", "--locked", "-p", "pvisor-agent", "--bin", "pvisor-agent", "--target", triple])
             .env("CARGO_TARGET_DIR", &target)
             .env("RUSTFLAGS", "-C target-feature=+crt-static"));
         target.join(triple).join("debug/pvisor-agent")

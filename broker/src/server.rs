@@ -1,7 +1,7 @@
 //! `pvisor serve`: the broker daemon.
 use crate::api;
-use crate::sandbox::images::ImageMounts;
 use crate::sandbox::backend::{self, BackendChoice};
+use crate::sandbox::images::ImageMounts;
 use crate::sandbox::pool::Pool;
 use crate::sandbox::rootfs::{BlockRoots, FuseRoots, RootFsProvider};
 use crate::sandbox::vm::VmAssets;

@@ -159,7 +159,8 @@ fn main() {
                             Ok(Err(e)) => Readiness::Failed(format!("configuring the agent: {}", e.message())),
                             Err(_) => {
                                 let tail = sb.console_tail();
-                                let mut m = format!("the agent did not answer within {} s", AGENT_READY_TIMEOUT.as_secs());
+                                let mut m =
+                                    format!("the agent did not answer within {} s", AGENT_READY_TIMEOUT.as_secs());
                                 if !tail.is_empty() {
                                     m.push_str(&format!("; console: {tail}"));
                                 }

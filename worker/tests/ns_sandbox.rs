@@ -7,11 +7,11 @@
 //! those variables the tests say so and pass vacuously; with them set, any
 //! missing piece is a failure.
 use pvisor_proto::agent::agent_client::AgentClient;
+use pvisor_proto::agent::AgentConfig;
 use pvisor_proto::agent::{exec_event, ExecRequest};
 use pvisor_proto::worker::worker_client::WorkerClient;
 use pvisor_proto::worker::Empty;
 use pvisor_worker::cgroup::{GroupPaths, Layout};
-use pvisor_proto::agent::AgentConfig;
 use pvisor_worker::config::{BackendConfig, IdMap, Limits, NsConfig, WorkerConfig};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};

@@ -53,7 +53,8 @@ pub fn run(kernel: Option<&Path>, json: bool) -> i32 {
         Some(k) => Err(format!("{} not found", k.display())),
         None => Err("not given (--guest-kernel or PVISOR_GUEST_KERNEL)".into()),
     };
-    let vm_ready = engine.as_ref().map(drop).map_err(Clone::clone).and(kernel_ok.as_ref().map(drop).map_err(Clone::clone));
+    let vm_ready =
+        engine.as_ref().map(drop).map_err(Clone::clone).and(kernel_ok.as_ref().map(drop).map_err(Clone::clone));
     let (pick, why) = backend::auto(&h, &vm_ready);
     let checks = vec![
         check("virtualization", Ok(h.virtualization.describe().to_string())),
@@ -63,7 +64,10 @@ pub fn run(kernel: Option<&Path>, json: bool) -> i32 {
         check("cgroups", cgroups()),
         check("fuse", fuse()),
         check("user namespaces", user_namespaces()),
-        check("qemu (test engine)", vm::which("qemu-system-x86_64").map(|p| p.display().to_string()).ok_or_else(|| "not installed".into())),
+        check(
+            "qemu (test engine)",
+            vm::which("qemu-system-x86_64").map(|p| p.display().to_string()).ok_or_else(|| "not installed".into()),
+        ),
     ];
     if json {
         let v = serde_json::json!({"checks": checks, "auto": {"backend": pick.name(), "why": why}});

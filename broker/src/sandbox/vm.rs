@@ -53,7 +53,8 @@ impl VmAssets {
     /// scratch template under `dir` (once; later starts reuse them).
     pub fn prepare(dir: &Path, kernel: Option<&Path>, agent: &Path, host: &HostSupport) -> Result<VmAssets, String> {
         let engine = engine(host)?;
-        let kernel = kernel.ok_or("no guest kernel (--guest-kernel or PVISOR_GUEST_KERNEL; scripts/guest-kernel.sh builds one)")?;
+        let kernel = kernel
+            .ok_or("no guest kernel (--guest-kernel or PVISOR_GUEST_KERNEL; scripts/guest-kernel.sh builds one)")?;
         if !kernel.is_file() {
             return Err(format!("guest kernel {} not found", kernel.display()));
         }

@@ -18,7 +18,8 @@ pub struct Console(SharedConsole);
 
 impl Console {
     pub fn open(path: &Path) -> Result<Console> {
-        let file = std::fs::File::create(path).map_err(|e| WorkerError::sys(format!("console {}", path.display()), e))?;
+        let file =
+            std::fs::File::create(path).map_err(|e| WorkerError::sys(format!("console {}", path.display()), e))?;
         Ok(Console(ConsoleLog::new(MEMORY_CAP).with_file(file, FILE_CAP).shared()))
     }
 

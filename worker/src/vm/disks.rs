@@ -45,7 +45,8 @@ pub fn open_root(disk: &ImageDisk) -> Result<Arc<dyn BlockBackend>> {
     let pool = pvisor_images::Pool::open(Path::new(&disk.pool_dir)).map_err(fail)?;
     let record = pool.resolve(&disk.image_id).map_err(fail)?;
     let view = pool.view(&record).map_err(fail)?;
-    let erofs = ErofsView::new(Arc::new(view)).map_err(|e| WorkerError::Start(format!("image {}: erofs view: {e}", disk.image_id)))?;
+    let erofs = ErofsView::new(Arc::new(view))
+        .map_err(|e| WorkerError::Start(format!("image {}: erofs view: {e}", disk.image_id)))?;
     Ok(Arc::new(ErofsDisk(erofs)))
 }
 

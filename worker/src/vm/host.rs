@@ -37,10 +37,7 @@ pub struct HostSupport {
 }
 
 fn cpu_has_virt_flag(cpuinfo: &str) -> bool {
-    cpuinfo
-        .lines()
-        .filter(|l| l.starts_with("flags"))
-        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+    cpuinfo.lines().filter(|l| l.starts_with("flags")).any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
 }
 
 /// Probes the host (cheap: a few file reads and one open).

@@ -145,4 +145,3 @@ impl Sandbox for KvmSandbox {
         self.console.tail()
     }
 }
-
