@@ -223,6 +223,10 @@ def sdk(args) -> dict:
         msg = f"SKIP vm/sdk: SDK create -> agent ready and create -> first command on the vm backend: {why}"
         log(msg)
         return {"skipped": why}
+    if os.environ.get("PVISOR_VM_ENGINE"):
+        # The QEMU TCG test engine: its timings are not performance figures.
+        raise RuntimeError(f"vm/sdk: PVISOR_VM_ENGINE={os.environ['PVISOR_VM_ENGINE']} selects a test engine whose "
+                           "timings are not performance figures; unset it to benchmark the vm backend")
     if not args.guest_kernel or not Path(args.guest_kernel).is_file():
         # Expected to be there wherever this part runs: a failure, not a skip.
         raise RuntimeError(f"vm/sdk: hardware virtualization is present ({why}) but no guest kernel: "
@@ -356,7 +360,7 @@ def report(res: dict, out) -> str:
         lines += ["**Harness check only (`--vm-sdk-anyway` without hardware virtualization): not figures.**", ""]
     summ = sd["summary"]
     arms = list(sd["samples"])
-    lines += [f"{sd['pairs']} rounds in rotating order after {sd['warmup']} warm-up samples per arm, image "
+    lines += [f"{sd['pairs']} rounds in rotating order after {sd['warmup']} warm-up sample(s) per arm, image "
               f"`{sd['image']}`; vm and ns on one `pvisor serve`, chosen per create by `extensions` "
               f"`{BACKEND_KEY}`.", "",
               "| arm | SDK create = agent ready, P50 / P90 (ms) | create → first command, P50 / P90 (ms) | failed |",
