@@ -172,6 +172,7 @@ def rss_sample(binary: Path, memory_mib: int, touch_mib: int) -> dict:
         status = Path(f"/proc/{pid}/status").read_text()
         threads = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Threads:")))
         total_kib = int(next(ln.split()[1] for ln in rollup.splitlines() if ln.startswith("Rss:")))
+        total_pss_kib = int(next(ln.split()[1] for ln in rollup.splitlines() if ln.startswith("Pss:")))
         maps = parse_smaps(smaps)
         guest = [m for m in maps if GUEST_RAM_MAPPING in m["path"]]
         if not guest:
@@ -182,7 +183,8 @@ def rss_sample(binary: Path, memory_mib: int, touch_mib: int) -> dict:
             c = category(m, binary)
             by_cat[c] = by_cat.get(c, 0) + m["rss_kib"]
         rec.update(total_rss_kib=total_kib, guest_rss_kib=guest_kib, smaps_sum_kib=sum(m["rss_kib"] for m in maps),
-                   excl_guest_kib=total_kib - guest_kib, threads=threads, guest_mappings=len(guest),
+                   excl_guest_kib=total_kib - guest_kib, total_pss_kib=total_pss_kib,
+                   excl_guest_pss_kib=total_pss_kib - sum(m["pss_kib"] for m in guest), threads=threads, guest_mappings=len(guest),
                    by_category_kib=by_cat, ok=True)
         proc.stdin.close()
         tail = proc.stdout.read()
@@ -211,6 +213,7 @@ def rss(binary: Path, rounds: int) -> dict:
             "total_mib": five([s["total_rss_kib"] / 1024 for s in ok]),
             "guest_mib": five([s["guest_rss_kib"] / 1024 for s in ok]),
             "excl_guest_mib": five([s["excl_guest_kib"] / 1024 for s in ok]),
+            "excl_guest_pss_mib": five([s["excl_guest_pss_kib"] / 1024 for s in ok]),
         }
     return res
 
@@ -340,6 +343,11 @@ def report(res: dict, out) -> str:
         lines.append(f"| {c['memory_mib']} / {c['touch_mib']} MiB | {t['median']:.2f} [{t['min']:.2f}–{t['max']:.2f}] "
                      f"| {g['median']:.2f} | {x['median']:.2f} [{x['min']:.2f}–{x['max']:.2f}] | "
                      f"≤ {RSS_TARGET_MIB:g} MiB, {verdict} | {len(c['samples'])} ({c['failed']}) |")
+    pss = [f"{c['memory_mib']} MiB guest: {c['excl_guest_pss_mib']['median']:.2f} MiB" for c in res["rss"].values()
+           if c.get("excl_guest_pss_mib", {}).get("n")]
+    if pss:
+        lines += ["", "Rss counts every resident page of the shared libraries in full; Pss shares them out among "
+                  "the processes mapping them. Pss excluding guest memory, median: " + "; ".join(pss) + "."]
     first_ok = next((smp for c in res["rss"].values() for smp in c["samples"] if smp["ok"]), None)
     if first_ok:
         lines += ["", f"Where the rest lives (first round of {first_ok['memory_mib']} MiB, {first_ok['threads']} "
