@@ -34,14 +34,16 @@ def add_args(p) -> None:
     p.add_argument("--warmup", type=int, default=3, help="steady scenario: warm-up samples per side")
 
 
-def one_sample(svc, image: str) -> dict:
+def one_sample(svc, image: str, extensions: dict | None = None) -> dict:
+    """One fresh sandbox: create, checked first command, delete, check gone. `extensions` go
+    into the create request when given (the vm experiment picks pvisor's backend with them)."""
     rec = {"side": svc.name, "ok": False}
     sb = None
     mark = len(SDK_RETRIES.events)
     try:
         t0 = time.perf_counter()
         sb = SandboxSync.create(image, connection_config=svc.connection(), timeout=timedelta(minutes=10),
-                                resource=RESOURCE)
+                                resource=RESOURCE, **({"extensions": extensions} if extensions else {}))
         t1 = time.perf_counter()
         rec["sandbox_id"] = sb.id
         checked_first_command(sb)

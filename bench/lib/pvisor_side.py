@@ -30,13 +30,14 @@ class PvisorService:
     name = "pvisor"
 
     def __init__(self, workdir: Path, images: list[str], warm_workers: int | None = None, cgroup=None,
-                 pvisor: Path | None = None):
+                 pvisor: Path | None = None, serve_args=()):
         self.workdir = workdir
         self.pvisor = pvisor or snapshot_binaries(workdir)
         self.data = workdir / "pvisor-data"
         self.log = workdir / "pvisor.log"
         self.warm_workers = warm_workers
         self.cgroup = cgroup
+        self.serve_args = [str(a) for a in serve_args]
         import_images(self.pvisor, self.data, images)
         self.proc = None
         self.port = free_port()
@@ -52,7 +53,7 @@ class PvisorService:
         cmd = [str(self.pvisor), "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data)]
         if self.warm_workers is not None:
             cmd += ["--warm-workers", str(self.warm_workers)]
-        return cmd
+        return cmd + self.serve_args
 
     def start(self) -> None:
         # One transport per service start, shared by every SDK call; built

@@ -16,12 +16,14 @@ def workdir(args, name: str) -> Path:
 
 
 @contextmanager
-def opened_sides(args, work: Path, images: list[str], warm_workers=None):
-    """Yields {name: service}. pvisor always; the peer unless --pvisor-only."""
+def opened_sides(args, work: Path, images: list[str], warm_workers=None, pvisor_args=()):
+    """Yields {name: service}. pvisor always (`pvisor_args` appended to `pvisor serve`);
+    the peer unless --pvisor-only."""
     sides = {}
     try:
         log("pvisor: importing", ", ".join(images))
-        sides["pvisor"] = PvisorService(work / "pvisor", images, warm_workers=warm_workers)
+        sides["pvisor"] = PvisorService(work / "pvisor", images, warm_workers=warm_workers,
+                                         serve_args=pvisor_args)
         if not getattr(args, "pvisor_only", False):
             from .peer import PeerService
             log("peer: dockerd, image load, stand-in execd image")
