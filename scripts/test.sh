@@ -20,5 +20,6 @@ PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m py
 if [ -x bench/run ]; then
     log "benchmark smoke"
     PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES PYTHON=$VENV/bin/python bench/run startup --pairs 2 --pvisor-only --out "$(mktemp -d)"
+    PVISOR_BIN=$DIST/pvisor PYTHON=$VENV/bin/python bench/run vm --runs 10 --rss-rounds 1 --out "$(mktemp -d)"
 fi
 log "all tests passed"

@@ -31,7 +31,7 @@ pub fn engine(host: &HostSupport) -> Result<VmEngine, String> {
             Some(_) => Ok(VmEngine::QemuTcg),
             None => Err(format!("{ENGINE_ENV}=qemu-tcg, but qemu-system-x86_64 is not installed")),
         },
-        Ok("kvm") | Err(_) => match (host.virtualization, &host.kvm_access) {
+        Ok("kvm" | "") | Err(_) => match (host.virtualization, &host.kvm_access) {
             (Virtualization::Hardware, Ok(())) => Ok(VmEngine::Kvm),
             (Virtualization::Hardware, Err(e)) => Err(e.clone()),
             (v, _) => Err(format!(
