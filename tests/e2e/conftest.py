@@ -285,7 +285,10 @@ def _remove_data_dirs():
 
 @pytest.fixture(scope="session")
 def pvisor_server(tmp_path_factory):
-    srv = _start_server(tmp_path_factory, "pvisor", list(IMAGE_ARCHIVES), {})
+    # The suite's backend: ns unless PVISOR_E2E_BACKEND says otherwise
+    # (test_vm_backend.py runs the whole suite again on vm where it can).
+    backend = os.environ.get("PVISOR_E2E_BACKEND", "ns")
+    srv = _start_server(tmp_path_factory, "pvisor", list(IMAGE_ARCHIVES), {}, ["--backend", backend])
     yield srv
     t0 = time.monotonic()
     rc = srv.stop()

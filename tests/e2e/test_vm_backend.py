@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import shutil
 import subprocess
 from pathlib import Path
@@ -46,6 +47,13 @@ def guest_kernel() -> Path:
 
 
 VM_ENV = {"PVISOR_VM_ENGINE": "qemu-tcg"}
+
+
+def hardware_virtualization() -> bool:
+    flags = Path("/proc/cpuinfo").read_text()
+    return not Path("/sys/module/kvm_pvm").is_dir() and any(
+        f in line.split() for line in flags.splitlines() if line.startswith("flags") for f in ("vmx", "svm")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +213,8 @@ def test_per_sandbox_backend_choice(vm_server):
 
 
 def test_vm_where_it_cannot_run_is_a_clear_400(http):
+    if hardware_virtualization() or os.environ.get("PVISOR_E2E_BACKEND") == "vm":
+        pytest.skip("the session server can run vm sandboxes on this host")
     # The session server runs without a vm engine (KVM here is PVM, and it was
     # not given the test engine), so asking for vm is refused before any state.
     body = {"image": {"uri": BUSYBOX}, "entrypoint": ["/bin/sh"], "resourceLimits": SMALL,
@@ -251,3 +261,19 @@ def test_doctor_explains_the_host():
         assert "PVM" in names["virtualization"]["detail"]
         assert report["auto"]["backend"] == "ns"
         assert "cannot boot" in report["auto"]["why"]
+
+
+def test_the_whole_suite_on_the_project_s_own_vmm():
+    """Where hardware virtualization exists, every e2e test again with vm sandboxes
+    under the project's own VMM (engine kvm)."""
+    if not hardware_virtualization():
+        pytest.skip("no hardware virtualization (KVM here is PVM or absent): a Linux guest cannot boot "
+                    "under the project's own VMM; the vm tests above ran under the QEMU TCG engine")
+    if os.environ.get("PVISOR_E2E_BACKEND") == "vm":
+        pytest.skip("this run already is the vm run")
+    guest_kernel()
+    env = {**os.environ, "PVISOR_E2E_BACKEND": "vm"}
+    env.pop("PVISOR_VM_ENGINE", None)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).parent)],
+                       env=env, timeout=3600)
+    assert r.returncode == 0, "the e2e suite failed on the vm backend (output above)"
