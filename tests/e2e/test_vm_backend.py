@@ -249,6 +249,28 @@ def test_a_kernel_that_does_not_boot_fails_the_create_and_leaves_nothing(tmp_pat
         srv.stop()
 
 
+def test_a_guest_that_never_answers_fails_at_the_ready_timeout(tmp_path_factory):
+    # /init is busybox's init, which waits on the console: the guest boots,
+    # but no agent ever listens on vsock.
+    guest_kernel()
+    srv = _start_server(tmp_path_factory, "vmhang", ["busybox.tar"],
+                        {**VM_ENV, "PVISOR_GUEST_KERNEL": os.environ["PVISOR_GUEST_KERNEL"]},
+                        ["--backend", "vm", "--warm-workers", "0", "--agent-bin", "/bin/busybox"])
+    try:
+        before = _qemu_pids()
+        r = httpx.post(f"{srv.url}/v1/sandboxes", timeout=60,
+                       json={"image": {"uri": BUSYBOX}, "entrypoint": ["/bin/sh"], "resourceLimits": SMALL})
+        err = assert_error_json(r, 500)
+        assert err["code"] == "SANDBOX_START_FAILED", err
+        assert "1024" in err["message"] and "console:" in err["message"], err
+        assert httpx.get(f"{srv.url}/v1/sandboxes").json()["items"] == []
+        wait_until(lambda: not list((srv.data_dir / "sandboxes").iterdir()), timeout=20,
+                   what="no sandbox directory left")
+        wait_until(lambda: not (_qemu_pids() - before), timeout=20, what="no qemu left")
+    finally:
+        srv.stop()
+
+
 def test_doctor_explains_the_host():
     r = subprocess.run([str(pvisor_bin()), "doctor", "--json"], capture_output=True, text=True, timeout=30,
                        env={**os.environ, "PVISOR_VM_ENGINE": ""})
@@ -268,7 +290,7 @@ def test_the_whole_suite_on_the_project_s_own_vmm():
     under the project's own VMM (engine kvm)."""
     if not hardware_virtualization():
         pytest.skip("no hardware virtualization (KVM here is PVM or absent): a Linux guest cannot boot "
-                    "under the project's own VMM; the vm tests above ran under the QEMU TCG engine")
+                    "under the project's own VMM (the vm tests in this file use the QEMU TCG engine)")
     if os.environ.get("PVISOR_E2E_BACKEND") == "vm":
         pytest.skip("this run already is the vm run")
     guest_kernel()

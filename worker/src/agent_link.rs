@@ -22,5 +22,17 @@ pub async fn connect(sandbox: Arc<dyn Sandbox>) -> Result<Channel> {
     Endpoint::from_static("http://agent")
         .connect_with_connector(connector)
         .await
-        .map_err(|e| WorkerError::Agent(e.to_string()))
+        .map_err(|e| WorkerError::Agent(with_sources(&e)))
+}
+
+/// An error with its chain of causes (tonic's own text is only "transport error").
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }

@@ -171,7 +171,9 @@ fn main() {
                     });
                 }
                 Err(e) => {
-                    let _ = ready_tx.send(Readiness::Failed(e.to_string()));
+                    let tail = sb.console_tail();
+                    let msg = if tail.is_empty() { e.to_string() } else { format!("{e}; console: {tail}") };
+                    let _ = ready_tx.send(Readiness::Failed(msg));
                 }
             }
         }

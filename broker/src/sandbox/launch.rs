@@ -28,6 +28,18 @@ pub struct LaunchSpec {
     pub agent: AgentConfig,
 }
 
+/// The limits of the sandbox's whole group. A vm's guest RAM is the memory
+/// limit; the VMM (or the test engine) that holds it is charged to the same
+/// group, so the group gets the engine's overhead on top.
+fn group_limits(ctx: &Ctx, spec: &LaunchSpec) -> Limits {
+    match (&spec.root, &ctx.vm) {
+        (RootFs::Disk(_), Ok(vm)) => {
+            Limits { memory_bytes: spec.limits.memory_bytes + vm.overhead_bytes(), ..spec.limits }
+        }
+        _ => spec.limits,
+    }
+}
+
 /// The backend part of the worker's configuration.
 fn backend_config(ctx: &Ctx, spec: &LaunchSpec, state_dir: &Path) -> Result<BackendConfig, String> {
     match &spec.root {
@@ -61,7 +73,7 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
     let prepared = (|| -> Result<(), String> {
         std::fs::create_dir_all(&state_dir).map_err(|e| format!("sandbox dir: {e}"))?;
         if let Some(g) = &cgroup {
-            g.set_limits(&spec.limits).map_err(|e| e.to_string())?;
+            g.set_limits(&group_limits(ctx, spec)).map_err(|e| e.to_string())?;
         }
         let backend = backend_config(ctx, spec, &state_dir)?;
         let hostname = format!("sandbox-{}", &spec.id[..8.min(spec.id.len())]);

@@ -69,6 +69,16 @@ impl VmAssets {
         Ok(VmAssets { kernel: kernel.to_path_buf(), initramfs, scratch_template, engine })
     }
 
+    /// Memory the engine needs beside guest RAM: the worker and its VMM
+    /// (measured at about 8 MiB), or QEMU with its TCG translation cache
+    /// (64 MiB, `tb-size`) under the test engine.
+    pub fn overhead_bytes(&self) -> u64 {
+        match self.engine {
+            VmEngine::Kvm => 48 << 20,
+            VmEngine::QemuTcg => 192 << 20,
+        }
+    }
+
     /// The worker configuration's vm part for a sandbox in `state_dir`.
     pub fn config(&self, disk: ImageDisk, limits: &Limits, state_dir: &Path) -> Result<VmConfig, String> {
         let scratch = state_dir.join("scratch.img");

@@ -126,3 +126,31 @@ pub fn connect_with_retry(vsock: &VsockHandle, port: u32, deadline: Instant) -> 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::threads::COMMON;
+
+    fn check(table: &[ThreadFilter]) {
+        for t in table {
+            assert!(!t.why.is_empty(), "{:?} has no reason", t.thread);
+            assert_eq!(table.iter().filter(|o| o.thread == t.thread).count(), 1, "{:?} listed twice", t.thread);
+        }
+        for t in [Thread::Api, Thread::Lifeline, Thread::Waiter] {
+            assert_eq!(crate::threads::filter_of(table, t), Some(FilterKind::Worker), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn every_thread_of_every_backend_has_one_filter() {
+        check(&COMMON);
+        check(&KVM_THREADS);
+        check(&QEMU_THREADS);
+        // Under the project's VMM, guest-facing threads run allow lists of their own.
+        assert_eq!(crate::threads::filter_of(&KVM_THREADS, Thread::Vcpu), Some(FilterKind::Vcpu));
+        assert_eq!(crate::threads::filter_of(&KVM_THREADS, Thread::Devices), Some(FilterKind::VmmDevice));
+        assert_eq!(FilterKind::Vcpu.default_action(), pvisor_seccomp::DefaultAction::KillProcess);
+        assert_eq!(FilterKind::VmmDevice.default_action(), pvisor_seccomp::DefaultAction::KillProcess);
+    }
+}

@@ -74,7 +74,9 @@ pub fn start(vm: &VmConfig, hostname: &str, dir: &Path, boot_timeout: Duration) 
     let mem = format!("{}M", vm.memory_mib);
     let chardev = |id: &str, p: &Path| format!("socket,id={id},path={}", p.display());
     let mut cmd = Command::new(qemu_binary());
-    cmd.args(["-M", "microvm,acpi=off,memory-backend=mem", "-object"])
+    // A bounded translation cache (QEMU's default reserves 1 GiB), charged
+    // to the sandbox's group with the guest's memory.
+    cmd.args(["-accel", "tcg,tb-size=64", "-M", "microvm,acpi=off,memory-backend=mem", "-object"])
         .arg(format!("memory-backend-memfd,id=mem,size={mem},share=on"))
         .args(["-m", &mem, "-cpu", "max", "-smp", &vm.vcpus.max(1).to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-serial", "stdio"])
