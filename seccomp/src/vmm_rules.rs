@@ -111,6 +111,9 @@ pub static VMM_DEVICE: &[Rule] = &[
         "virtio-blk flush requests on the scratch disk."),
     rule!(SYS_fsync, Action::Allow, Always,
         "virtio-blk flush, where the file needs its metadata synced too."),
+    #[cfg(target_arch = "x86_64")]
+    rule!(SYS_fadvise64, Action::Allow, When::ArgIn { arg: 3, values: &[libc::POSIX_FADV_DONTNEED as u64] },
+        "The image disk (an erofs view of the pool) drops the compressed pack range it just read from the page cache; POSIX_FADV_DONTNEED only."),
     // --- vsock muxer: host-side Unix sockets -------------------------------------------------
     rule!(SYS_socket, Action::Allow, When::ArgIn { arg: 0, values: &[libc::AF_UNIX as u64] },
         "A guest connection to a host port becomes a Unix socket connection; AF_UNIX only."),

@@ -20,7 +20,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::erofs_disk::{blob, image_view, ErofsDisk};
+use common::erofs_disk::{blob, image_views, ErofsDisk};
 use common::virtio::{attach, run};
 use pvisor_vmm::devices::virtio::block::{Block, BlockBackend, FileBackend};
 use pvisor_vmm::devices::virtio::mmio::regs::{
@@ -112,9 +112,10 @@ fn blob_sector(view: &pvisor_images::erofs::ErofsView) -> u64 {
 #[test]
 fn virtio_blk_reads_the_erofs_view_of_an_image_and_refuses_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let view = image_view(dir.path());
-    let sector = blob_sector(&view);
-    let disk = Block::new(Arc::new(ErofsDisk(view.clone())), "rootfs");
+    let views = image_views(dir.path());
+    let view = &views.check;
+    let sector = blob_sector(view);
+    let disk = Block::new(Arc::new(ErofsDisk(views.disk)), "rootfs");
     let r = run(&common::guest("virtio_blk"), u32::try_from(sector).unwrap(), |b, l| {
         attach(b, l, Box::new(disk));
     });

@@ -73,12 +73,23 @@ fn docker_archive() -> Vec<u8> {
     archive.into_inner().expect("archive tar")
 }
 
-/// Imports the test image into a pool under `dir` and returns its erofs view.
-pub fn image_view(dir: &Path) -> Arc<ErofsView> {
+/// Two erofs views of the same image: `disk` to serve, `check` for the test's own reads.
+/// Separate views have separate chunk caches, so what the test reads does not warm the disk's:
+/// the device thread reads the pool itself.
+pub struct Views {
+    pub disk: Arc<ErofsView>,
+    pub check: ErofsView,
+}
+
+/// Imports the test image into a pool under `dir` and returns two views of it.
+pub fn image_views(dir: &Path) -> Views {
     let archive = dir.join("image.tar");
     std::fs::write(&archive, docker_archive()).expect("writing the archive");
     let pool = Pool::open_with(&dir.join("pool"), Options::default()).expect("opening the pool");
     let records = pool.import(&archive).expect("importing the archive");
-    let view = pool.view(&records[0]).expect("the image's view");
-    Arc::new(ErofsView::new(Arc::new(view)).expect("building the erofs view"))
+    let view = || {
+        let image = pool.view(&records[0]).expect("the image's view");
+        ErofsView::new(Arc::new(image)).expect("building the erofs view")
+    };
+    Views { disk: Arc::new(view()), check: view() }
 }
