@@ -51,7 +51,7 @@ fn negotiate(device: Box<dyn VirtioDevice>, ack_high: u32) -> Vec<u32> {
     let r = run(&common::guest("virtio_features"), ack_high, |b, l| {
         attach(b, l, device);
     });
-    assert_eq!(r.exit, DISCOVERY_EXIT, "console: {}", r.console);
+    assert_eq!(r.exit, DISCOVERY_EXIT, "console {:?}, reports {:?}", r.console, r.reports);
     r.reports
 }
 
@@ -119,7 +119,7 @@ fn virtio_blk_reads_the_erofs_view_of_an_image_and_refuses_writes() {
     let r = run(&common::guest("virtio_blk"), u32::try_from(sector).unwrap(), |b, l| {
         attach(b, l, Box::new(disk));
     });
-    assert_eq!(r.exit, BLK_EXIT, "console: {}", r.console);
+    assert_eq!(r.exit, BLK_EXIT, "console {:?}, reports {:?}", r.console, r.reports);
 
     // All three requests came back, in order, with their used lengths (data + status byte).
     assert_eq!(r.u16_at(BLK_USED + 2), 3, "used idx");
@@ -132,14 +132,14 @@ fn virtio_blk_reads_the_erofs_view_of_an_image_and_refuses_writes() {
     let mut expected = vec![0u8; 4096];
     assert_eq!(view.read_at(0, &mut expected).unwrap(), 4096);
     let data0 = r.read(BLK_DATA0, 4096);
-    assert_eq!(data0, expected, "sectors 0..8");
+    assert!(data0 == expected, "sectors 0..8 differ from ErofsView::read_at");
     assert_eq!(u32::from_le_bytes(data0[1024..1028].try_into().unwrap()), EROFS_MAGIC, "erofs superblock");
 
     let mut expected = vec![0u8; 512];
     assert_eq!(view.read_at(sector * SECTOR, &mut expected).unwrap(), 512);
     let data1 = r.read(BLK_DATA1, 512);
-    assert_eq!(data1, expected, "sector {sector}");
-    assert_eq!(data1, blob()[3 * 512..4 * 512], "that sector is /data/blob's fourth");
+    assert!(data1 == expected, "sector {sector} differs from ErofsView::read_at");
+    assert!(data1 == blob()[3 * 512..4 * 512], "sector {sector} is not /data/blob's fourth");
 }
 
 // --- virtio-vsock --------------------------------------------------------------------------
@@ -167,7 +167,7 @@ fn virtio_vsock_guest_stream_to_a_host_socket_both_ways_then_reset() {
     let r = run(&common::guest("virtio_vsock"), HOST_PORT, |b, l| {
         attach(b, l, Box::new(vsock));
     });
-    assert_eq!(r.exit, VSOCK_EXIT, "console: {}", r.console);
+    assert_eq!(r.exit, VSOCK_EXIT, "console {:?}, reports {:?}", r.console, r.reports);
     assert_eq!(
         r.reports,
         [3, u32::from(OP_RESPONSE), u32::from(OP_RST)],

@@ -4,7 +4,9 @@
 //! [`EventLoop::spawn`] (under the `vmm_device` seccomp filter), while the vCPU runs under the
 //! `vcpu` filter.
 
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pvisor_vmm::devices::virtio::event_loop::EventLoop;
 use pvisor_vmm::devices::virtio::mmio::{regs, MmioTransport};
@@ -16,6 +18,11 @@ use super::{config, require_kvm, Probe};
 
 /// The report/parameter port of the virtio guests (`virtio_common.inc`: REPORT, PARAM).
 pub const REPORT_PORT: u16 = 0x540;
+
+/// How long a virtio guest may run before the harness stops it ([`VmExit::Stopped`]): a hang
+/// guard for a device that never answers (the guests poll without a bound), not a timing
+/// check; they take well under a second.
+pub const HANG_GUARD: Duration = Duration::from_secs(120);
 
 /// What a virtio guest run left behind.
 pub struct Run {
@@ -80,7 +87,17 @@ pub fn run(image: &[u8], param: u32, setup: impl FnOnce(&mut VmBuilder, &mut Eve
     let memory = vm.memory().clone();
     let console = vm.console();
     let device_thread = event_loop.spawn("virtio-dev").expect("starting the device thread");
+    let handle = vm.handle();
+    let (done, finished) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if let Err(RecvTimeoutError::Timeout) = finished.recv_timeout(HANG_GUARD) {
+            eprintln!("hang guard: stopping the guest after {HANG_GUARD:?}");
+            handle.stop();
+        }
+    });
     let exit = vm.run();
+    drop(done);
+    watchdog.join().expect("hang guard thread");
     drop(device_thread.stop().expect("the device thread ran and ended without an error"));
     let console = String::from_utf8_lossy(&console.lock().unwrap().contents()).into_owned();
     let reports = probe

@@ -6,8 +6,7 @@
      3. waits for an OP_RW packet from the host (skipping credit updates) and writes its
         payload to COM1;
      4. sends OP_SHUTDOWN (both directions) and waits for the device's OP_RST, reports it.
-   Exits 0x40. Failure exits: 0x41 FEATURES_OK, 0x42 queue size, 0x43 DRIVER_OK, 0x44 no rx
-   packet (hang guard), 0x45 rx buffers used up. */
+   Exits 0x40. Failure exits: 0x41 FEATURES_OK, 0x42 queue size, 0x43 DRIVER_OK, 0x45 rx buffers used up. */
 .include "common.inc"
 .include "virtio_common.inc"
 .set RX_DESC, 0x200000
@@ -155,7 +154,7 @@ recv:
     exit 0x45
 .Lrecv_wait:
     lea edx, [r13d + 1]
-    wait_used RX_USED, edx, 0x44
+    wait_used RX_USED, edx
     mov eax, [RX_USED + 4 + r13 * 8]        /* used element: id */
     shl eax, 12
     lea rsi, [rax + RX_BUFS]
