@@ -9,7 +9,9 @@
 //! * loop: `epoll_wait`; `read`/`write` on eventfds (queue notify, irqfd,
 //!   exit, connect requests); `futex` (device locks, mpsc).
 //! * virtio-blk: `pread64`, `pwrite64`, `fdatasync`* (FLUSH), `fallocate`*
-//!   (DISCARD, WRITE_ZEROES: punch hole).
+//!   (DISCARD, WRITE_ZEROES: punch hole); an image disk (erofs view of the
+//!   pool) also `fadvise64(POSIX_FADV_DONTNEED)` after each pack read
+//!   (observed on `vmm/tests/virtio_guests.rs`).
 //! * virtio-vsock: `epoll_wait` (timeout 0) and `epoll_ctl` on its inner
 //!   set; `socket(AF_UNIX, SOCK_STREAM|SOCK_NONBLOCK|SOCK_CLOEXEC)` and
 //!   `connect` (guest connects); `accept4`* (listener); `recvfrom`,
@@ -190,21 +192,24 @@ impl DeviceThread {
     /// loop (dropped by the caller, outside the thread's filter), or the
     /// error that ended it.
     pub fn stop(mut self) -> Result<EventLoop, Error> {
-        self.stop_and_join()
+        match self.handle.take() {
+            Some(handle) => join(&self.exit, handle),
+            // Only `drop` takes the handle otherwise, and it runs after this.
+            None => Err(Error::Panicked),
+        }
     }
+}
 
-    fn stop_and_join(&mut self) -> Result<EventLoop, Error> {
-        let Some(handle) = self.handle.take() else { return Err(Error::Panicked) };
-        // Fails only on counter overflow, when an exit is already pending.
-        let _ = self.exit.write(1);
-        handle.join().map_err(|_| Error::Panicked)?
-    }
+fn join(exit: &EventFd, handle: JoinHandle<Result<EventLoop, Error>>) -> Result<EventLoop, Error> {
+    // Fails only on counter overflow, when an exit is already pending.
+    let _ = exit.write(1);
+    handle.join().map_err(|_| Error::Panicked)?
 }
 
 impl Drop for DeviceThread {
     fn drop(&mut self) {
-        if self.handle.is_some() {
-            if let Err(e) = self.stop_and_join() {
+        if let Some(handle) = self.handle.take() {
+            if let Err(e) = join(&self.exit, handle) {
                 tracing::warn!("device thread: {e}");
             }
         }
