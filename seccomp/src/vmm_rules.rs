@@ -15,6 +15,9 @@ pub const KVM_GET_SREGS: u64 = 0x8138_ae83;
 /// The ioctls a vCPU thread makes, by request number.
 pub const VCPU_IOCTLS: &[u64] = &[KVM_RUN, KVM_GET_REGS, KVM_GET_SREGS];
 
+/// The only `fallocate` mode of the device thread: punch a hole, keep the size.
+const FALLOC_PUNCH_HOLE_KEEP_SIZE: u64 = (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u64;
+
 /// `clone` flags that must be exactly `CLONE_THREAD` (no fork, no namespace).
 const CLONE_THREAD_ONLY: u64 = libc::CLONE_THREAD as u64 | CLONE_NAMESPACE_FLAGS;
 
@@ -111,6 +114,8 @@ pub static VMM_DEVICE: &[Rule] = &[
         "virtio-blk flush requests on the scratch disk."),
     rule!(SYS_fsync, Action::Allow, Always,
         "virtio-blk flush, where the file needs its metadata synced too."),
+    rule!(SYS_fallocate, Action::Allow, When::ArgIn { arg: 1, values: &[FALLOC_PUNCH_HOLE_KEEP_SIZE] },
+        "virtio-blk DISCARD and WRITE_ZEROES on the scratch disk punch holes (the space goes back to the host); that mode only, so the disk cannot grow."),
     #[cfg(target_arch = "x86_64")]
     rule!(SYS_fadvise64, Action::Allow, When::ArgIn { arg: 3, values: &[libc::POSIX_FADV_DONTNEED as u64] },
         "The image disk (an erofs view of the pool) drops the compressed pack range it just read from the page cache; POSIX_FADV_DONTNEED only."),

@@ -94,6 +94,9 @@ const BLK_DATA1: u64 = 0x21_2000;
 const BLK_EXIT: VmExit = VmExit::DebugExit(0x30);
 const EROFS_MAGIC: u32 = 0xE0F5_E1E2;
 const SECTOR: u64 = 512;
+const S_OK: u8 = 0;
+const S_IOERR: u8 = 1;
+const S_UNSUPP: u8 = 2;
 
 /// The first sector of the image that holds `/data/blob`'s data, plus 3: a sector read
 /// from the pool's chunks, past the metadata.
@@ -121,12 +124,16 @@ fn virtio_blk_reads_the_erofs_view_of_an_image_and_refuses_writes() {
     });
     assert_eq!(r.exit, BLK_EXIT, "console {:?}, reports {:?}", r.console, r.reports);
 
-    // All three requests came back, in order, with their used lengths (data + status byte).
-    assert_eq!(r.u16_at(BLK_USED + 2), 3, "used idx");
+    // All four requests came back, in order, with their used lengths (data + status byte).
+    assert_eq!(r.u16_at(BLK_USED + 2), 4, "used idx");
     let used: Vec<(u32, u32)> =
-        (0..3).map(|i| (r.u32_at(BLK_USED + 4 + 8 * i), r.u32_at(BLK_USED + 8 + 8 * i))).collect();
-    assert_eq!(used, [(0, 4096 + 1), (3, 512 + 1), (6, 1)]);
-    assert_eq!(r.read(BLK_STATUS, 3), [0, 0, 1], "IN ok, IN ok, OUT to the read-only disk IOERR");
+        (0..4).map(|i| (r.u32_at(BLK_USED + 4 + 8 * i), r.u32_at(BLK_USED + 8 + 8 * i))).collect();
+    assert_eq!(used, [(0, 4096 + 1), (3, 512 + 1), (6, 1), (9, 1)]);
+    assert_eq!(
+        r.read(BLK_STATUS, 4),
+        [S_OK, S_OK, S_IOERR, S_UNSUPP],
+        "IN ok, IN ok, OUT to the read-only disk IOERR, DISCARD (not offered) UNSUPP"
+    );
     assert_eq!(r.reports, [INT_USED_BUFFER, 0], "InterruptStatus had USED_BUFFER, acked to 0");
 
     let mut expected = vec![0u8; 4096];
@@ -245,7 +252,11 @@ fn device_probe_child() {
     });
     println!("exit {:?} console {:?}", r.exit, r.console);
     assert_eq!(r.exit, BLK_EXIT);
-    assert_eq!(r.read(BLK_STATUS, 3), [0, 0, 0], "the scratch disk takes the write");
+    assert_eq!(r.read(BLK_STATUS, 4), [S_OK; 4], "the scratch disk takes the write and the discard (fallocate)");
+    let disk = std::fs::read(dir.path().join("disk")).unwrap();
+    assert_eq!(disk[..512], [0xa5; 512], "sector 0 written");
+    assert!(disk[4096..8192].iter().all(|b| *b == 0), "sectors 8..16 discarded");
+    assert!(disk[8192..].iter().all(|b| *b == 0x5a), "the rest untouched");
     println!("child done");
 }
 
