@@ -137,7 +137,9 @@ impl EventLoop {
         Ok(DeviceThread { exit, handle: Some(handle) })
     }
 
-    /// Runs until the exit eventfd is written.
+    /// Runs until the exit eventfd is written, on the calling thread and
+    /// under whatever filter it has (none in unit tests); the worker uses
+    /// [`EventLoop::spawn`].
     pub fn run(&mut self) -> Result<(), Error> {
         while self.run_once(-1)? {}
         Ok(())
