@@ -15,6 +15,9 @@ pub const KVM_GET_SREGS: u64 = 0x8138_ae83;
 /// The ioctls a vCPU thread makes, by request number.
 pub const VCPU_IOCTLS: &[u64] = &[KVM_RUN, KVM_GET_REGS, KVM_GET_SREGS];
 
+/// The only `fallocate` mode of the device thread: punch a hole, keep the size.
+const FALLOC_PUNCH_HOLE_KEEP_SIZE: u64 = (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u64;
+
 /// `clone` flags that must be exactly `CLONE_THREAD` (no fork, no namespace).
 const CLONE_THREAD_ONLY: u64 = libc::CLONE_THREAD as u64 | CLONE_NAMESPACE_FLAGS;
 
@@ -69,10 +72,22 @@ pub static VCPU: &[Rule] = &[
 /// (e.g. at device activation) goes here with its reason; the filter is `VCPU` followed by
 /// these, and a syscall may appear in only one of them. Keep it short: anything slow or
 /// fd-creating belongs on the device thread, woken through an eventfd.
+///
+/// Empty on purpose: what the transport does on a vCPU thread is already in [`VCPU`]. A
+/// `QueueNotify` write that misses its ioeventfd signals the queue's eventfd (`write`), a
+/// device reset clears the interrupt line (no syscall), and the device state is behind a
+/// mutex shared with the device thread (`futex`). Checked live by `vmm/tests/virtio_guests.rs`,
+/// whose guests drive virtio-blk and virtio-vsock with both filters on.
 pub static VCPU_VIRTIO: &[Rule] = &[];
 
 /// The device event loop filter: the thread(s) that serve virtio queues, block images and
 /// vsock connections, woken by eventfds through epoll.
+///
+/// `EventLoop::spawn` (pvisor-vmm) installs it as the first thing the new thread does, so the
+/// thread's start (`set_robust_list`, `rseq`, `sigaltstack`, `prctl(PR_SET_NAME)`,
+/// `sched_getaffinity`) is not in the list; its end (`madvise`, `munmap`, `sigaltstack`,
+/// `rt_sigprocmask`, `exit`) is. The list was checked against `strace -f` of the virtio test
+/// guests (`vmm/tests/virtio_guests.rs`).
 #[rustfmt::skip]
 pub static VMM_DEVICE: &[Rule] = &[
     // --- The event loop ---------------------------------------------------------------------
@@ -99,6 +114,11 @@ pub static VMM_DEVICE: &[Rule] = &[
         "virtio-blk flush requests on the scratch disk."),
     rule!(SYS_fsync, Action::Allow, Always,
         "virtio-blk flush, where the file needs its metadata synced too."),
+    rule!(SYS_fallocate, Action::Allow, When::ArgIn { arg: 1, values: &[FALLOC_PUNCH_HOLE_KEEP_SIZE] },
+        "virtio-blk DISCARD and WRITE_ZEROES on the scratch disk punch holes (the space goes back to the host); that mode only, so the disk cannot grow."),
+    #[cfg(target_arch = "x86_64")]
+    rule!(SYS_fadvise64, Action::Allow, When::ArgIn { arg: 3, values: &[libc::POSIX_FADV_DONTNEED as u64] },
+        "The image disk (an erofs view of the pool) drops the compressed pack range it just read from the page cache; POSIX_FADV_DONTNEED only."),
     // --- vsock muxer: host-side Unix sockets -------------------------------------------------
     rule!(SYS_socket, Action::Allow, When::ArgIn { arg: 0, values: &[libc::AF_UNIX as u64] },
         "A guest connection to a host port becomes a Unix socket connection; AF_UNIX only."),

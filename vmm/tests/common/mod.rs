@@ -99,3 +99,6 @@ impl BusDevice for Probe {
         self.writes.push((offset, data.to_vec()));
     }
 }
+
+pub mod erofs_disk;
+pub mod virtio;
