@@ -228,6 +228,20 @@ def test_vm_where_it_cannot_run_is_a_clear_400(http):
     assert err["code"] == "INVALID_BACKEND", err
 
 
+def _create_fails_and_leaves_nothing(srv) -> dict:
+    """Creates a sandbox that cannot start; checks the error and that no
+    sandbox, directory or qemu is left; returns the error body."""
+    before = _qemu_pids()
+    r = httpx.post(f"{srv.url}/v1/sandboxes", timeout=60,
+                   json={"image": {"uri": BUSYBOX}, "entrypoint": ["/bin/sh"], "resourceLimits": SMALL})
+    err = assert_error_json(r, 500)
+    assert err["code"] == "SANDBOX_START_FAILED", err
+    assert httpx.get(f"{srv.url}/v1/sandboxes").json()["items"] == []
+    wait_until(lambda: not list((srv.data_dir / "sandboxes").iterdir()), timeout=20, what="no sandbox directory left")
+    wait_until(lambda: not (_qemu_pids() - before), timeout=20, what="no qemu left")
+    return err
+
+
 def test_a_kernel_that_does_not_boot_fails_the_create_and_leaves_nothing(tmp_path_factory, tmp_path):
     guest_kernel()
     bad = tmp_path / "vmlinux"
@@ -235,16 +249,8 @@ def test_a_kernel_that_does_not_boot_fails_the_create_and_leaves_nothing(tmp_pat
     srv = _start_server(tmp_path_factory, "vmbad", ["busybox.tar"],
                         {**VM_ENV, "PVISOR_GUEST_KERNEL": str(bad)}, ["--backend", "vm", "--warm-workers", "0"])
     try:
-        before = _qemu_pids()
-        r = httpx.post(f"{srv.url}/v1/sandboxes", timeout=60,
-                       json={"image": {"uri": BUSYBOX}, "entrypoint": ["/bin/sh"], "resourceLimits": SMALL})
-        err = assert_error_json(r, 500)
-        assert err["code"] == "SANDBOX_START_FAILED", err
+        err = _create_fails_and_leaves_nothing(srv)
         assert "qemu" in err["message"].lower() or "kernel" in err["message"].lower(), err
-        assert httpx.get(f"{srv.url}/v1/sandboxes").json()["items"] == []
-        wait_until(lambda: not list((srv.data_dir / "sandboxes").iterdir()), timeout=20,
-                   what="no sandbox directory left")
-        wait_until(lambda: not (_qemu_pids() - before), timeout=20, what="no qemu left")
     finally:
         srv.stop()
 
@@ -257,16 +263,8 @@ def test_a_guest_that_never_answers_fails_at_the_ready_timeout(tmp_path_factory)
                         {**VM_ENV, "PVISOR_GUEST_KERNEL": os.environ["PVISOR_GUEST_KERNEL"]},
                         ["--backend", "vm", "--warm-workers", "0", "--agent-bin", "/bin/busybox"])
     try:
-        before = _qemu_pids()
-        r = httpx.post(f"{srv.url}/v1/sandboxes", timeout=60,
-                       json={"image": {"uri": BUSYBOX}, "entrypoint": ["/bin/sh"], "resourceLimits": SMALL})
-        err = assert_error_json(r, 500)
-        assert err["code"] == "SANDBOX_START_FAILED", err
+        err = _create_fails_and_leaves_nothing(srv)
         assert "1024" in err["message"] and "console:" in err["message"], err
-        assert httpx.get(f"{srv.url}/v1/sandboxes").json()["items"] == []
-        wait_until(lambda: not list((srv.data_dir / "sandboxes").iterdir()), timeout=20,
-                   what="no sandbox directory left")
-        wait_until(lambda: not (_qemu_pids() - before), timeout=20, what="no qemu left")
     finally:
         srv.stop()
 

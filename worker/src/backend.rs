@@ -34,6 +34,21 @@ impl std::fmt::Display for SandboxExit {
     }
 }
 
+/// Waits for the child `pid` to end, as a [`SandboxExit`] (`code 0` of a
+/// guest engine means the guest shut down, so the caller maps codes).
+pub fn wait_child(pid: i32, exited: impl Fn(i32) -> SandboxExit) -> SandboxExit {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    loop {
+        match waitpid(nix::unistd::Pid::from_raw(pid), None) {
+            Ok(WaitStatus::Exited(_, code)) => return exited(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return SandboxExit::Signaled(sig.to_string()),
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return SandboxExit::Failed(format!("wait: {e}")),
+        }
+    }
+}
+
 /// A running sandbox, owned by its worker.
 pub trait Sandbox: Send + Sync {
     /// Backend name reported to the broker ("ns", "vm").

@@ -21,7 +21,6 @@ use crate::threads::{ThreadFilter, COMMON};
 use freeze::FreezeScope;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::socket::{sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType};
-use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -90,14 +89,6 @@ impl Sandbox for NsSandbox {
     }
 
     fn wait(&self) -> SandboxExit {
-        loop {
-            match waitpid(Pid::from_raw(self.pid), None) {
-                Ok(WaitStatus::Exited(_, code)) => return SandboxExit::Exited(code),
-                Ok(WaitStatus::Signaled(_, sig, _)) => return SandboxExit::Signaled(sig.to_string()),
-                Ok(_) => continue,
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return SandboxExit::Failed(format!("wait: {e}")),
-            }
-        }
+        crate::backend::wait_child(self.pid, SandboxExit::Exited)
     }
 }

@@ -81,20 +81,16 @@ pub fn start(vm: &VmConfig, hostname: &str, boot_timeout: Duration) -> Result<Kv
     let console = Console::from_shared(b.console());
     let machine = b.build().map_err(vmm_err("vcpus"))?;
     let handle = machine.handle();
-    std::thread::Builder::new()
-        .name("devices".into())
-        .spawn(move || {
-            if let Err(e) = events.run() {
-                tracing::error!("device loop: {e}");
-            }
-        })
-        .map_err(|e| WorkerError::sys("device thread", e))?;
+    // The device thread installs the vmm_device filter before its first wait.
+    let devices = events.spawn("devices").map_err(|e| WorkerError::Start(format!("device thread: {e}")))?;
     let exit = Arc::new((Mutex::new(None), Condvar::new()));
     let done = exit.clone();
     std::thread::Builder::new()
         .name("vm".into())
         .spawn(move || {
             let e = machine.run();
+            // The VM is over: stop the device thread (devices drop outside its filter).
+            drop(devices);
             *done.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
             done.1.notify_all();
         })

@@ -16,7 +16,6 @@ use crate::backend::{Sandbox, SandboxExit};
 use crate::config::VmConfig;
 use crate::error::{Result, WorkerError};
 use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 use pvisor_vmm::devices::virtio::block::Block;
 use pvisor_vmm::devices::virtio::vhost_user;
@@ -131,17 +130,11 @@ impl Sandbox for QemuSandbox {
     }
 
     fn wait(&self) -> SandboxExit {
-        loop {
-            match waitpid(Pid::from_raw(self.pid), None) {
-                // -no-reboot: the guest's reboot (reboot=t, panic=-1) ends QEMU with 0.
-                Ok(WaitStatus::Exited(_, 0)) => return SandboxExit::GuestShutdown,
-                Ok(WaitStatus::Exited(_, code)) => return SandboxExit::Failed(format!("qemu exited with code {code}")),
-                Ok(WaitStatus::Signaled(_, sig, _)) => return SandboxExit::Signaled(sig.to_string()),
-                Ok(_) => continue,
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return SandboxExit::Failed(format!("wait: {e}")),
-            }
-        }
+        // -no-reboot: the guest's reboot (reboot=t, panic=-1) ends QEMU with 0.
+        crate::backend::wait_child(self.pid, |code| match code {
+            0 => SandboxExit::GuestShutdown,
+            c => SandboxExit::Failed(format!("qemu exited with code {c}")),
+        })
     }
 
     fn console_tail(&self) -> String {
