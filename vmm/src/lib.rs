@@ -10,7 +10,8 @@
 //! * [`kvm`]: the only module that calls KVM (VM, vCPUs, CPUID, MSRs).
 //! * [`memory`], [`layout`]: guest RAM from a sealed memfd and the address map.
 //! * [`boot`]: flat long-mode loader (test guests) and PVH direct boot (Linux).
-//! * [`vcpu`]: the vCPU threads (seccomp filter, run loop, kicks); [`exit`]: how a VM ends.
+//! * [`vcpu`]: the vCPU threads (seccomp filter, run loop, kicks); [`exit`]: how a VM ends;
+//!   [`pause`]: the gate vCPUs park at while the VM is paused.
 //! * [`bus`]: port-I/O and MMIO address spaces that vCPU exits are routed to.
 //! * [`devices`]: serial console, i8042 reset, debug exit, virtio-mmio transport and devices.
 //! * [`bench`](mod@bench): timing helpers for the benchmarks in `bench/`.
@@ -24,6 +25,7 @@ pub mod initramfs;
 pub mod kvm;
 pub mod layout;
 pub mod memory;
+pub mod pause;
 pub mod vcpu;
 pub mod vm;
 

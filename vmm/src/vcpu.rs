@@ -11,6 +11,10 @@
 //! `KVM_RUN` returns `EINTR` whether the signal lands inside it or just before it. The caller
 //! sets the latch first; the vCPU sees it after the interrupted `KVM_RUN` and leaves.
 //!
+//! Pausing uses the same kick: the pauser sets the [`PauseGate`]'s request first, and the vCPU,
+//! which checks the gate before every `KVM_RUN`, parks on it (a futex wait) until a resume or
+//! the VM's end.
+//!
 //! The kick signal's handler is process-wide: a process that runs VMs must not use
 //! `SIGRTMIN` for anything else.
 
@@ -24,6 +28,7 @@ use pvisor_seccomp::BpfProgram;
 use crate::bus::Bus;
 use crate::exit::{ExitLatch, VmExit};
 use crate::kvm::{Exit, Vcpu};
+use crate::pause::PauseGate;
 
 thread_local! {
     /// The running vCPU's `kvm_run`, for the kick handler. Const-initialised and without a
@@ -84,12 +89,15 @@ pub struct VcpuThread {
     pub mmio: Arc<Bus>,
     /// Where the VM's end is recorded.
     pub exit: Arc<ExitLatch>,
+    /// Where the vCPU parks while the VM is paused.
+    pub pause: Arc<PauseGate>,
     /// The seccomp filter to install before the first `KVM_RUN` (`None`: run unfiltered).
     pub filter: Option<Arc<BpfProgram>>,
 }
 
 impl VcpuThread {
-    /// The thread body: filter, then run until the latch is set. Returns the vCPU so that
+    /// The thread body: filter, then run until the latch is set, parking before a `KVM_RUN`
+    /// while a pause is requested. Returns the vCPU so that
     /// the joining thread closes its fd and unmaps its `kvm_run` (syscalls the filtered vCPU
     /// thread has no business making).
     pub fn run(mut self) -> Vcpu {
@@ -101,6 +109,10 @@ impl VcpuThread {
         }
         RUN_AREA.with(|a| a.set(self.vcpu.run_area()));
         while !self.exit.is_set() {
+            self.pause.park();
+            if self.exit.is_set() {
+                break;
+            }
             if let Some(exit) = self.step() {
                 self.exit.request(exit);
             }

@@ -228,6 +228,7 @@ impl VmBuilder {
             exit: self.exit,
             filter,
             threads: Arc::new(Mutex::new(Vec::new())),
+            pause: Arc::default(),
             _eventfds: self.eventfds,
             _vm: self.vm,
             ram: self.ram,

@@ -8,7 +8,7 @@
 //! is called from another thread.//!
 //! * [`config`]: what to build ([`VmConfig`]) and what devices hand the builder.
 //! * [`builder`]: [`VmBuilder`], from `/dev/kvm` to configured vCPUs.
-//! * [`running`]: [`Vm::run`], its vCPU threads, and [`VmHandle::stop`].
+//! * [`running`]: [`Vm::run`], its vCPU threads, and [`VmHandle`] (stop, pause, resume).
 
 pub mod builder;
 pub mod config;

@@ -1,5 +1,6 @@
 //! A built VM: [`Vm::run`] starts the vCPU threads and waits for the VM's end;
-//! [`VmHandle::stop`] ends it from another thread.
+//! [`VmHandle::stop`] ends it from another thread, [`VmHandle::pause`] and
+//! [`VmHandle::resume`] park and unpark its vCPUs (see [`crate::pause`]).
 
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,7 @@ use crate::devices::console::SharedConsole;
 use crate::exit::{ExitLatch, VmExit};
 use crate::kvm::{self, Hypervisor};
 use crate::memory::GuestRam;
+use crate::pause::{self, PauseGate};
 use crate::vcpu::{self, VcpuThread};
 
 /// A built VM. Fields drop in order: vCPUs, then the VM, then guest RAM.
@@ -24,6 +26,7 @@ pub struct Vm {
     pub(super) exit: Arc<ExitLatch>,
     pub(super) filter: Option<Arc<BpfProgram>>,
     pub(super) threads: Arc<Mutex<Vec<libc::pthread_t>>>,
+    pub(super) pause: Arc<PauseGate>,
     /// eventfds KVM holds references to (serial irqfd, ioeventfds); open for the VM's life.
     pub(super) _eventfds: Vec<EventFd>,
     pub(super) _vm: kvm::Vm,
@@ -31,11 +34,12 @@ pub struct Vm {
     pub(super) _kvm: Hypervisor,
 }
 
-/// Stops a running VM from another thread.
+/// Stops, pauses and resumes a VM from another thread.
 #[derive(Clone)]
 pub struct VmHandle {
     exit: Arc<ExitLatch>,
     threads: Arc<Mutex<Vec<libc::pthread_t>>>,
+    pause: Arc<PauseGate>,
 }
 
 impl VmHandle {
@@ -44,6 +48,27 @@ impl VmHandle {
     pub fn stop(&self) {
         self.exit.request(VmExit::Stopped);
         kick_all(&self.threads);
+    }
+
+    /// Pauses the VM: kicks every vCPU out of the guest and returns once all of them are
+    /// parked (none re-enters `KVM_RUN` until [`resume`](Self::resume)). Pausing a paused VM is
+    /// a no-op. Paused before [`Vm::run`], the VM starts paused. Fails if the VM ends first
+    /// ([`stop`](Self::stop) still ends a paused VM), or if a concurrent resume overtakes it.
+    pub fn pause(&self) -> Result<(), pause::Error> {
+        self.pause.request();
+        kick_all(&self.threads);
+        self.pause.wait_parked()
+    }
+
+    /// Resumes a paused VM: its vCPUs re-enter the guest. Resuming a running VM is a no-op;
+    /// resuming an ended VM fails.
+    pub fn resume(&self) -> Result<(), pause::Error> {
+        self.pause.resume()
+    }
+
+    /// Whether the VM is paused (every vCPU parked).
+    pub fn is_paused(&self) -> bool {
+        self.pause.is_paused()
     }
 }
 
@@ -56,7 +81,7 @@ fn kick_all(threads: &Mutex<Vec<libc::pthread_t>>) {
 impl Vm {
     /// A handle to stop the VM from another thread.
     pub fn handle(&self) -> VmHandle {
-        VmHandle { exit: self.exit.clone(), threads: self.threads.clone() }
+        VmHandle { exit: self.exit.clone(), threads: self.threads.clone(), pause: self.pause.clone() }
     }
 
     /// The console log.
@@ -72,6 +97,10 @@ impl Vm {
     /// Runs the guest until it ends; everything the VM held is released on return.
     pub fn run(mut self) -> VmExit {
         let mut handles = Vec::new();
+        // The thread list stays locked while the vCPUs start, so that a concurrent pause kicks
+        // either none of them (each then sees the pause request before its first KVM_RUN) or
+        // all of them, and counts every started vCPU.
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         for vcpu in self.vcpus.drain(..) {
             let id = vcpu.id();
             let body = VcpuThread {
@@ -79,12 +108,13 @@ impl Vm {
                 pio: self.pio.clone(),
                 mmio: self.mmio.clone(),
                 exit: self.exit.clone(),
+                pause: self.pause.clone(),
                 filter: self.filter.clone(),
             };
             let spawned = std::thread::Builder::new().name(format!("vcpu{id}")).spawn(move || body.run());
             match spawned {
                 Ok(handle) => {
-                    self.threads.lock().unwrap_or_else(|p| p.into_inner()).push(handle.as_pthread_t());
+                    threads.push(handle.as_pthread_t());
                     handles.push(handle);
                 }
                 Err(e) => {
@@ -96,7 +126,11 @@ impl Vm {
                 }
             }
         }
+        self.pause.set_started(handles.len());
+        drop(threads);
         let exit = self.exit.wait();
+        // Parked vCPUs (and pausers waiting for them) are released: they see the latch and leave.
+        self.pause.end();
         // Take the thread ids out before joining, so that a late `VmHandle::stop` cannot
         // signal a thread that has been joined (its id may be reused); every vCPU gets its
         // kick here, after the latch is set.

@@ -111,12 +111,15 @@ impl Sandbox for KvmSandbox {
         super::connect_with_retry(&self.vsock, AGENT_PORT, self.boot_deadline)
     }
 
+    /// Parks every vCPU (returns once none is in the guest); the device thread keeps serving
+    /// requests already queued. Pausing a paused sandbox is a no-op.
     fn pause(&self) -> Result<()> {
-        Err(WorkerError::Unavailable("vm", "pausing a guest under the project's VMM is not implemented yet".into()))
+        self.handle.pause().map_err(|e| WorkerError::sys("pause", std::io::Error::other(e)))
     }
 
+    /// Lets the parked vCPUs re-enter the guest. Resuming a running sandbox is a no-op.
     fn resume(&self) -> Result<()> {
-        self.pause()
+        self.handle.resume().map_err(|e| WorkerError::sys("resume", std::io::Error::other(e)))
     }
 
     fn kill(&self) {
