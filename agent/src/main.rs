@@ -11,7 +11,7 @@ use pvisor_agent::{reaper, server};
 enum Serve {
     Fd(i32),
     Listen(std::path::PathBuf),
-    Vsock(u32),
+    Vsock(std::os::fd::OwnedFd),
 }
 
 fn parse_args() -> Result<Serve, String> {
@@ -33,7 +33,7 @@ fn main() {
     let guest = pvisor_agent::guest::is_guest_init().then(pvisor_agent::guest::init);
     let in_guest = guest.is_some();
     let serve = match guest {
-        Some(cfg) => Ok(Serve::Vsock(cfg.port)),
+        Some((_cfg, listener)) => Ok(Serve::Vsock(listener)),
         None => parse_args(),
     };
     let serve = match serve {
@@ -75,7 +75,13 @@ fn main() {
         match serve {
             Serve::Fd(fd) => server::serve_incoming(server::fd_connections(fd)?, svc).await,
             Serve::Listen(p) => server::serve_path(&p, svc).await,
-            Serve::Vsock(port) => server::serve_incoming(pvisor_agent::guest::vsock::incoming(port)?, svc).await,
+            Serve::Vsock(fd) => {
+                use pvisor_agent::guest::vsock::{VsockListener, CID_HOST};
+                let listener = VsockListener::from_bound(fd).map_err(|e| format!("listen on vsock: {e}"))?;
+                server::serve_incoming(listener.incoming_from(CID_HOST), svc)
+                    .await
+                    .map_err(|e| format!("serve: {e}").into())
+            }
         }
     });
     if let Err(e) = result {

@@ -35,6 +35,7 @@ compile_error!("pvisor-seccomp supports Linux on x86_64 and aarch64 only");
 mod compile;
 mod error;
 pub mod image_server;
+pub mod privileges;
 mod rules;
 pub mod sandbox;
 pub mod vmm;

@@ -73,12 +73,22 @@ pub static VCPU: &[Rule] = &[
 /// these, and a syscall may appear in only one of them. Keep it short: anything slow or
 /// fd-creating belongs on the device thread, woken through an eventfd.
 ///
-/// Empty on purpose: what the transport does on a vCPU thread is already in [`VCPU`]. A
-/// `QueueNotify` write that misses its ioeventfd signals the queue's eventfd (`write`), a
-/// device reset clears the interrupt line (no syscall), and the device state is behind a
-/// mutex shared with the device thread (`futex`). Checked live by `vmm/tests/virtio_guests.rs`,
-/// whose guests drive virtio-blk and virtio-vsock with both filters on.
-pub static VCPU_VIRTIO: &[Rule] = &[];
+/// A `QueueNotify` write that misses its ioeventfd signals the queue's eventfd (`write`) and
+/// the device state is behind a mutex shared with the device thread (`futex`), both in
+/// [`VCPU`]. A driver's device reset (Linux resets every virtio device as it registers it)
+/// runs the device's reset on the vCPU thread; for virtio-vsock that drops every host
+/// connection, pending host connects included: each leaves the muxer's epoll set and is
+/// closed. Found by a review (a reset during the worker's first agent connect killed the
+/// worker).
+#[rustfmt::skip]
+pub static VCPU_VIRTIO: &[Rule] = &[
+    rule!(SYS_epoll_ctl, Action::Allow, Always,
+        "A vsock device reset takes its host connections out of the muxer's epoll set."),
+    rule!(SYS_close, Action::Allow, Always,
+        "A vsock device reset closes its host connections (and pending host connects)."),
+    rule!(SYS_shutdown, Action::Allow, Always,
+        "A vsock device reset may shut a host connection down before closing it."),
+];
 
 /// The device event loop filter: the thread(s) that serve virtio queues, block images and
 /// vsock connections, woken by eventfds through epoll.

@@ -92,7 +92,12 @@ fn main() {
     let Some(cfg) = join_and_wait() else { return };
     let t0 = Instant::now();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG").unwrap_or_else(|_| "info".into()))
+        // virtio-queue logs an error per bad notify: a guest could fill the
+        // host's disk through this log, so it stays silent.
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG")
+                .unwrap_or_else(|_| "info,virtio_queue=off,vhost_user_backend=warn".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
@@ -148,7 +153,9 @@ fn main() {
                     let mut client = AgentClient::new(channel);
                     let agent_cfg = cfg.agent.clone().unwrap_or_default();
                     tokio::spawn(async move {
-                        let r = tokio::time::timeout(AGENT_READY_TIMEOUT, client.configure(agent_cfg)).await;
+                        // One deadline for connecting (a guest's boot) and configuring.
+                        let deadline = tokio::time::Instant::from_std(t0 + AGENT_READY_TIMEOUT);
+                        let r = tokio::time::timeout_at(deadline, client.configure(agent_cfg)).await;
                         let state = match r {
                             Ok(Ok(p)) => Readiness::Ready(ReadyReply {
                                 backend: sb.backend().into(),

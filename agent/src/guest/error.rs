@@ -19,6 +19,9 @@ pub enum GuestError {
     /// Guest boot steps run only as PID 1 (they remount `/`, power off the machine).
     #[error("{0}: not PID 1 (the guest boot runs only as the init of a microVM)")]
     NotInit(&'static str),
+    /// Dropping the sandbox's privileges (capabilities, seccomp) failed.
+    #[error("dropping privileges: {0}")]
+    Harden(String),
 }
 
 impl GuestError {

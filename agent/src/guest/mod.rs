@@ -45,8 +45,9 @@ fn is_agent_invocation(mut args: impl Iterator<Item = std::ffi::OsString>) -> bo
 /// The guest's start, before any thread exists: early mounts, the command
 /// line, [`boot`]. On failure it reports on the console and powers off; with
 /// `pvisor.selftest=1` it runs [`run_selftest`] and powers off. Otherwise it
-/// returns the command line, and the caller serves on `cfg.port`.
-pub fn init() -> GuestCmdline {
+/// returns the command line and the agent's bound vsock socket, which the
+/// caller serves on (`vsock::VsockListener::from_bound`, host connections only).
+pub fn init() -> (GuestCmdline, std::os::fd::OwnedFd) {
     let cfg = match boot::early().and_then(|()| GuestCmdline::from_proc()) {
         Ok(cfg) => cfg,
         Err(e) => power::fatal(&e),
@@ -59,7 +60,19 @@ pub fn init() -> GuestCmdline {
         run_selftest(&cfg);
         power::poweroff();
     }
-    cfg
+    // The agent's socket, while socket(AF_VSOCK) is still allowed.
+    let listener = match vsock::bind_socket(cfg.port) {
+        Ok(fd) => fd,
+        Err(e) => power::fatal(&GuestError::io(format!("bind vsock port {}", cfg.port), e)),
+    };
+    // From here on the guest is the sandbox: what runs in it gets the
+    // capabilities of an ns sandbox (Docker's default set), inherited from
+    // the agent, which is non-dumpable: no CAP_SYS_ADMIN (mounts), no
+    // CAP_SYS_BOOT (ending the VM), no CAP_SYS_PTRACE (the agent itself).
+    if let Err(e) = pvisor_seccomp::privileges::drop_to_sandbox_caps() {
+        power::fatal(&GuestError::Harden(e));
+    }
+    (cfg, listener)
 }
 
 #[cfg(test)]

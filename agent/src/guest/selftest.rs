@@ -181,7 +181,7 @@ fn vsock_check(rt: &tokio::runtime::Runtime, port: u32) -> Outcome {
 fn grpc_check(rt: &tokio::runtime::Runtime, port: u32) -> Outcome {
     use pvisor_proto::agent::{agent_client::AgentClient, agent_server::AgentServer, Empty};
     rt.block_on(async move {
-        let incoming = match vsock::incoming(port) {
+        let incoming = match vsock::VsockListener::bind(port).map(vsock::VsockListener::incoming) {
             Ok(i) => i,
             Err(e) => return Outcome::Fail(format!("bind port {port}: {e}")),
         };

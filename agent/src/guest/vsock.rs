@@ -59,6 +59,15 @@ pub struct VsockConnectInfo {
     pub peer: Option<VsockPeer>,
 }
 
+/// A vsock stream socket bound to `VMADDR_CID_ANY:port`, not yet listening.
+/// Made before the guest drops its privileges: the sandbox filter refuses
+/// `socket(AF_VSOCK)` to everything that runs afterwards.
+pub fn bind_socket(port: u32) -> io::Result<OwnedFd> {
+    let fd = socket(AddressFamily::Vsock, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)?;
+    bind(fd.as_raw_fd(), &VsockAddr::new(CID_ANY, port))?;
+    Ok(fd)
+}
+
 /// A listening socket registered with tokio's reactor.
 pub struct VsockListener {
     fd: AsyncFd<OwnedFd>,
@@ -67,15 +76,13 @@ pub struct VsockListener {
 impl VsockListener {
     /// Listens on `VMADDR_CID_ANY:port`. Must run inside a tokio runtime.
     pub fn bind(port: u32) -> io::Result<Self> {
-        let fd =
-            socket(AddressFamily::Vsock, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)?;
-        bind(fd.as_raw_fd(), &VsockAddr::new(CID_ANY, port))?;
-        Self::from_bound(fd)
+        Self::from_bound(bind_socket(port)?)
     }
 
     /// Listens on an already bound stream socket (any family; tests use
     /// AF_UNIX to run the same accept path where vsock cannot connect).
-    pub(crate) fn from_bound(fd: OwnedFd) -> io::Result<Self> {
+    /// Must run inside a tokio runtime.
+    pub fn from_bound(fd: OwnedFd) -> io::Result<Self> {
         nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))?;
         listen(&fd, Backlog::new(BACKLOG)?)?;
         Ok(VsockListener { fd: register(fd)? })
@@ -109,22 +116,32 @@ impl VsockListener {
         }
     }
 
-    /// The endless stream of accepted connections, for `serve_with_incoming`.
+    /// The endless stream of accepted connections from any peer, for
+    /// `serve_with_incoming` (the self-test's loopback clients).
     pub fn incoming(self) -> Incoming {
-        Incoming { listener: self, backoff: None }
+        Incoming { listener: self, backoff: None, only_cid: None }
+    }
+
+    /// Accepted connections from `cid` only; others are closed unanswered.
+    pub fn incoming_from(self, cid: u32) -> Incoming {
+        Incoming { listener: self, backoff: None, only_cid: Some(cid) }
     }
 }
 
-/// Listens on `VMADDR_CID_ANY:port` and yields every connection, forever.
-/// Must run inside a tokio runtime.
+/// Listens on `VMADDR_CID_ANY:port` and yields every connection from the
+/// host (CID 2), forever. A process inside the guest reaching the agent
+/// over vsock loopback (CID 1) would get its root shell: such connections
+/// are closed at once. Must run inside a tokio runtime.
 pub fn incoming(port: u32) -> io::Result<Incoming> {
-    Ok(VsockListener::bind(port)?.incoming())
+    Ok(VsockListener::bind(port)?.incoming_from(CID_HOST))
 }
 
 /// Accepted connections of a [`VsockListener`]; never ends.
 pub struct Incoming {
     listener: VsockListener,
     backoff: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Only connections from this CID are served.
+    only_cid: Option<u32>,
 }
 
 /// Errors of one connection (it went away before accept): skip, accept the next.
@@ -142,6 +159,10 @@ impl Stream for Incoming {
         }
         loop {
             match ready!(self.listener.poll_accept(cx)) {
+                Ok(s) if self.only_cid.is_some_and(|cid| s.peer().map(|p| p.cid) != Some(cid)) => {
+                    tracing::warn!("vsock: closed a connection from {:?}: only the host may connect", s.peer());
+                    continue;
+                }
                 Ok(s) => return Poll::Ready(Some(Ok(s))),
                 Err(e) if is_per_connection(&e) => continue,
                 Err(e) => {

@@ -172,6 +172,7 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     }
 
     let backend = backend::choose(&ctx, req.extensions.as_ref())?;
+    backend::check_limits(backend, &limits)?;
     let record = resolve_image(&ctx, image).await?;
     let cfg = &record.config;
     let entrypoint = match &req.entrypoint {

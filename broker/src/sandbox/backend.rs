@@ -53,3 +53,31 @@ pub fn choose(ctx: &Ctx, extensions: Option<&BTreeMap<String, String>>) -> Resul
     }
     Ok(kind)
 }
+
+/// Smallest guest RAM a vm sandbox boots with (the kernel, the agent and a shell).
+pub const VM_MIN_MEMORY: u64 = 128 << 20;
+/// Largest guest RAM and vCPU count a vm sandbox gets.
+pub const VM_MAX_MEMORY: u64 = 64 << 30;
+pub const VM_MAX_CPU_MILLIS: u64 = 64_000;
+
+/// Limits the backend cannot honour are refused before any state exists.
+pub fn check_limits(kind: BackendKind, limits: &pvisor_worker::config::Limits) -> Result<(), ApiError> {
+    if kind != BackendKind::Vm {
+        return Ok(());
+    }
+    if !(VM_MIN_MEMORY..=VM_MAX_MEMORY).contains(&limits.memory_bytes) {
+        return Err(ApiError::bad_request(format!(
+            "resourceLimits.memory: a vm sandbox needs between {} MiB and {} GiB of memory, got {} bytes",
+            VM_MIN_MEMORY >> 20,
+            VM_MAX_MEMORY >> 30,
+            limits.memory_bytes
+        )));
+    }
+    if limits.cpu_millis > VM_MAX_CPU_MILLIS {
+        return Err(ApiError::bad_request(format!(
+            "resourceLimits.cpu: a vm sandbox has at most {} vCPUs",
+            VM_MAX_CPU_MILLIS / 1000
+        )));
+    }
+    Ok(())
+}

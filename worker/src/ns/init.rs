@@ -11,28 +11,6 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
-/// Capabilities the sandbox keeps (Docker's default set); all others leave
-/// the bounding set before the agent runs.
-const KEEP_CAPS: [caps::Capability; 14] = {
-    use caps::Capability::*;
-    [
-        CAP_CHOWN,
-        CAP_DAC_OVERRIDE,
-        CAP_FOWNER,
-        CAP_FSETID,
-        CAP_KILL,
-        CAP_SETGID,
-        CAP_SETUID,
-        CAP_SETPCAP,
-        CAP_NET_BIND_SERVICE,
-        CAP_NET_RAW,
-        CAP_SYS_CHROOT,
-        CAP_MKNOD,
-        CAP_AUDIT_WRITE,
-        CAP_SETFCAP,
-    ]
-};
-
 /// The agent's fd number for its control connection.
 pub const AGENT_FD: RawFd = 3;
 
@@ -104,24 +82,9 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     if unsafe { libc::syscall(libc::SYS_close_range, AGENT_FD + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } != 0 {
         return Err(format!("close_range: {}", std::io::Error::last_os_error()));
     }
-    drop_capabilities()?;
+    pvisor_seccomp::privileges::drop_to_sandbox_caps()?;
     let filter = pvisor_seccomp::sandbox_filter().map_err(|e| format!("seccomp: {e}"))?;
     pvisor_seccomp::apply_to_thread(&filter).map_err(|e| format!("seccomp: {e}"))?;
     nix::unistd::fexecve(a.agent_exe.as_raw_fd(), &a.argv, &a.env).map_err(|e| format!("exec agent: {e}"))?;
     unreachable!("fexecve returned without error")
-}
-
-fn drop_capabilities() -> Result<(), String> {
-    use caps::{CapSet, CapsHashSet};
-    let keep: CapsHashSet = KEEP_CAPS.into_iter().collect();
-    for cap in caps::all() {
-        if !keep.contains(&cap) {
-            caps::drop(None, CapSet::Bounding, cap).map_err(|e| format!("drop {cap}: {e}"))?;
-        }
-    }
-    for set in [CapSet::Effective, CapSet::Permitted, CapSet::Inheritable] {
-        let cur = caps::read(None, set).map_err(|e| format!("read caps: {e}"))?;
-        caps::set(None, set, &cur.intersection(&keep).cloned().collect()).map_err(|e| format!("set caps: {e}"))?;
-    }
-    Ok(())
 }

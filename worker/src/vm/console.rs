@@ -42,9 +42,18 @@ impl Console {
         });
     }
 
-    /// The last lines, joined with " | ".
+    /// The last lines, joined with " | ", after the lines that say why a
+    /// guest stopped (the agent's own messages, a kernel panic) when those
+    /// scrolled out of the tail (a panic's register dump follows it).
     pub fn tail(&self) -> String {
-        let t = self.0.lock().unwrap_or_else(|e| e.into_inner()).tail(TAIL_LINES);
-        t.lines().map(str::trim_end).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" | ")
+        let log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = String::from_utf8_lossy(&log.contents()).into_owned();
+        drop(log);
+        let lines: Vec<&str> = kept.lines().map(str::trim_end).filter(|l| !l.is_empty()).collect();
+        let tail = &lines[lines.len().saturating_sub(TAIL_LINES)..];
+        let reasons = lines[..lines.len() - tail.len()].iter().filter(|l| {
+            l.contains("pvisor-agent") || l.contains("Kernel panic") || l.contains("Attempted to kill init")
+        });
+        reasons.chain(tail.iter()).copied().collect::<Vec<_>>().join(" | ")
     }
 }

@@ -85,10 +85,18 @@ pub fn start(vm: &VmConfig, hostname: &str, boot_timeout: Duration) -> Result<Kv
     let devices = events.spawn("devices").map_err(|e| WorkerError::Start(format!("device thread: {e}")))?;
     let exit = Arc::new((Mutex::new(None), Condvar::new()));
     let done = exit.clone();
+    // The `vm` thread only starts the vCPUs (which add their own filter) and
+    // waits: the worker filter, installed before anything else.
+    let filter = pvisor_seccomp::worker_filter().map_err(|e| WorkerError::Seccomp(e.to_string()))?;
     std::thread::Builder::new()
         .name("vm".into())
         .spawn(move || {
-            let e = machine.run();
+            let e = match pvisor_seccomp::apply_to_thread(&filter) {
+                Ok(()) => machine.run(),
+                Err(e) => {
+                    VmExit::Failed { reason: format!("seccomp on the vm thread: {e}"), console_tail: String::new() }
+                }
+            };
             // The VM is over: stop the device thread (devices drop outside its filter).
             drop(devices);
             *done.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);

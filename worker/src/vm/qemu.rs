@@ -87,9 +87,20 @@ pub fn start(vm: &VmConfig, hostname: &str, dir: &Path, boot_timeout: Duration) 
         .args(["-chardev", &chardev("vs", &vsock_sock), "-device", "vhost-user-vsock-device,chardev=vs"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
+    // QEMU jails itself (its seccomp sandbox) and dies with the worker.
+    cmd.args(["-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]);
+    // SAFETY: runs in the forked child before exec; prctl takes integers only.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let console = Console::open(Path::new(&vm.console_log))?;
     // QEMU's own messages go to the worker's log (its stderr).
     let mut child = cmd.spawn().map_err(|e| WorkerError::sys("start qemu-system-x86_64", e))?;
-    let console = Console::open(Path::new(&vm.console_log))?;
     if let Some(out) = child.stdout.take() {
         console.follow(out);
     }
