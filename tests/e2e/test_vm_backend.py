@@ -212,11 +212,14 @@ def test_a_crashed_vm_is_reported_failed_and_cleaned_up(vm, vm_server):
 
 def test_guest_processes_get_the_sandbox_privileges_and_cannot_reach_the_agent(vm):
     py = vm(PYTHON)
-    # Docker's default capabilities, in every set and in the bounding set.
+    # Docker's default capabilities, in every set and in the bounding set;
+    # no_new_privs and the sandbox seccomp filter.
     status = sh(py, "cat /proc/self/status")
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     for f in ("CapEff", "CapPrm", "CapBnd"):
         assert int(fields[f].strip(), 16) == 0xA80425FB, status
+    assert fields["NoNewPrivs"].strip() == "1", status
+    assert fields["Seccomp"].strip() == "2", status
     ex = run(py, "mount -t tmpfs none /mnt")
     assert ex.exit_code != 0, describe(ex)
 

@@ -66,11 +66,17 @@ pub fn init() -> (GuestCmdline, std::os::fd::OwnedFd) {
         Err(e) => power::fatal(&GuestError::io(format!("bind vsock port {}", cfg.port), e)),
     };
     // From here on the guest is the sandbox: what runs in it gets the
-    // capabilities of an ns sandbox (Docker's default set), inherited from
+    // privileges of an ns sandbox: the capabilities (Docker's default set), inherited from
     // the agent, which is non-dumpable: no CAP_SYS_ADMIN (mounts), no
     // CAP_SYS_BOOT (ending the VM), no CAP_SYS_PTRACE (the agent itself).
     if let Err(e) = pvisor_seccomp::privileges::drop_to_sandbox_caps() {
         power::fatal(&GuestError::Harden(e));
+    }
+    // And the sandbox's seccomp filter (with no_new_privs), as in ns. It
+    // refuses socket(AF_VSOCK), hence the listener bound above.
+    match pvisor_seccomp::sandbox_filter().and_then(|f| pvisor_seccomp::apply_to_thread(&f)) {
+        Ok(()) => {}
+        Err(e) => power::fatal(&GuestError::Harden(format!("seccomp: {e}"))),
     }
     (cfg, listener)
 }
