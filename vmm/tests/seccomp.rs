@@ -14,7 +14,6 @@ mod common;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::Command;
 
 use pvisor_vmm::bus::BusDevice;
 use pvisor_vmm::VmExit;
@@ -73,14 +72,7 @@ fn probe_child() {
 /// Runs [`probe_child`] with `syscall`; returns its status and stdout.
 fn run_probe(syscall: &str) -> (std::process::ExitStatus, String) {
     common::require_kvm();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "probe_child", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(PROBE_ENV, syscall)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    println!("child ({syscall}) stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
-    (out.status, stdout)
+    common::run_child("probe_child", PROBE_ENV, syscall)
 }
 
 fn assert_killed_on_the_vcpu_thread(syscall: &str) {
@@ -179,14 +171,7 @@ fn device_probe_child() {
 }
 
 fn run_device_probe(probe: &str) -> (std::process::ExitStatus, String) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "device_probe_child", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(DEVICE_PROBE_ENV, probe)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    println!("child ({probe}) stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
-    (out.status, stdout)
+    common::run_child("device_probe_child", DEVICE_PROBE_ENV, probe)
 }
 
 #[test]

@@ -16,7 +16,6 @@ use std::io::{Read, Write};
 use std::os::fd::RawFd;
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::ExitStatusExt;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -262,14 +261,7 @@ fn device_probe_child() {
 
 fn run_probe(syscall: &str) -> (std::process::ExitStatus, String) {
     common::require_kvm();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "device_probe_child", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(PROBE_ENV, syscall)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    println!("child ({syscall}) stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
-    (out.status, stdout)
+    common::run_child("device_probe_child", PROBE_ENV, syscall)
 }
 
 #[test]

@@ -100,5 +100,19 @@ impl BusDevice for Probe {
     }
 }
 
+/// Runs this test binary's ignored test `child` alone, in a child process, with `var=value`
+/// in its environment (probes that must die by SIGSYS cannot run in the test process);
+/// returns its status and stdout, and prints both outputs for the test log.
+pub fn run_child(child: &str, var: &str, value: &str) -> (std::process::ExitStatus, String) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", child, "--ignored", "--nocapture", "--test-threads=1"])
+        .env(var, value)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("child ({value}) stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    (out.status, stdout)
+}
+
 pub mod erofs_disk;
 pub mod virtio;
