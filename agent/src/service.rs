@@ -63,12 +63,6 @@ impl AgentService {
                 Err(Status::failed_precondition("the agent was already configured differently"))
             };
         }
-        let current = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok());
-        if !cfg.hostname.is_empty() && current.as_deref() != Some(cfg.hostname.as_str()) {
-            if let Err(e) = nix::unistd::sethostname(&cfg.hostname) {
-                tracing::warn!("hostname {:?}: {e}", cfg.hostname);
-            }
-        }
         if !cfg.entrypoint.is_empty() {
             let req = ExecRequest { argv: cfg.entrypoint.clone(), background: true, ..Default::default() };
             let (tx, _rx) = mpsc::channel(1);

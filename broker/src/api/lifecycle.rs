@@ -188,7 +188,6 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         workdir: cfg.working_dir.clone(),
         user: cfg.user.clone(),
         entrypoint: entrypoint.clone(),
-        hostname: String::new(),
     };
     let image_id = record.id.clone();
     let c = ctx.clone();

@@ -76,18 +76,13 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
             g.set_limits(&group_limits(ctx, spec)).map_err(|e| e.to_string())?;
         }
         let backend = backend_config(ctx, spec, &state_dir)?;
-        let hostname = format!("sandbox-{}", &spec.id[..8.min(spec.id.len())]);
-        let mut agent = spec.agent.clone();
-        if matches!(backend, BackendConfig::Vm(_)) {
-            // A guest's agent names its own host; an ns init already did.
-            agent.hostname = hostname.clone();
-        }
         let cfg = WorkerConfig {
             sandbox_id: spec.id.clone(),
             cgroup: cgroup.as_ref().map(pb::CgroupPaths::from),
             limits: Some(spec.limits.into()),
-            hostname,
-            agent: Some(agent),
+            // The ns init sets it; a guest gets it on its kernel command line.
+            hostname: format!("sandbox-{}", &spec.id[..8.min(spec.id.len())]),
+            agent: Some(spec.agent.clone()),
             backend: Some(backend),
         };
         pvisor_worker::launch::send_config(config, &cfg).map_err(|e| format!("configure worker: {e}"))
