@@ -1,4 +1,4 @@
-# Shared steps of scripts/up.sh and scripts/test.sh. Source it; do not run it.
+# Shared steps of scripts/up.sh, scripts/test.sh and scripts/guest-kernel.sh. Source it; do not run it.
 # Everything slow is cached outside the repository, under $PVISOR_CACHE.
 set -euo pipefail
 
@@ -11,17 +11,10 @@ TEST_IMAGES=$PVISOR_CACHE/test-images
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
-# Debian packages the build, the images and the tests need.
-ensure_packages() {
-    # docker-registry, skopeo, apache2-utils: images/tests/registry.rs (a local registry to pull from).
-    # fuse3: fusermount3, with which an unprivileged broker's image servers mount.
-    # erofs-utils: fsck.erofs checks the vm backend's erofs image views.
-    # qemu-system-x86, e2fsprogs, cpio: vmm's tests (a Linux guest under QEMU TCG, ext4 scratch
-    # disks, the initramfs writer checked against GNU cpio). The kernel's build tools are
-    # installed by scripts/guest-kernel.sh itself.
-    local want=(protobuf-compiler mmdebstrap busybox-static ca-certificates debian-archive-keyring python3 python3-venv python3-pip gcc libc6-dev docker-registry skopeo apache2-utils fuse3 erofs-utils qemu-system-x86 e2fsprogs cpio)
+# Installs those of the Debian packages named that are missing (one apt run).
+install_missing() {
     local missing=()
-    for p in "${want[@]}"; do
+    for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     if ((${#missing[@]})); then
@@ -30,6 +23,17 @@ ensure_packages() {
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
+}
+
+# Debian packages the build, the images and the tests need.
+ensure_packages() {
+    # docker-registry, skopeo, apache2-utils: images/tests/registry.rs (a local registry to pull from).
+    # fuse3: fusermount3, with which an unprivileged broker's image servers mount.
+    # erofs-utils: fsck.erofs checks the vm backend's erofs image views.
+    # qemu-system-x86, e2fsprogs, cpio: vmm's tests (a Linux guest under QEMU TCG, ext4 scratch
+    # disks, the initramfs writer checked against GNU cpio). The kernel's build tools are
+    # installed by scripts/guest-kernel.sh itself.
+    install_missing protobuf-compiler mmdebstrap busybox-static ca-certificates debian-archive-keyring python3 python3-venv python3-pip gcc libc6-dev docker-registry skopeo apache2-utils fuse3 erofs-utils qemu-system-x86 e2fsprogs cpio
     command -v cargo >/dev/null || { echo "cargo not found: install a Rust toolchain (rustup, stable)" >&2; exit 1; }
 }
 

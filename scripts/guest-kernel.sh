@@ -14,29 +14,18 @@
 # Usage: scripts/guest-kernel.sh [OUTDIR]
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# REPO, PVISOR_CACHE, log and install_missing.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 OPTIONS=$REPO/guest/kernel.options
-PVISOR_CACHE=${PVISOR_CACHE:-/var/cache/pvisor}
 OUTDIR=${1:-$PVISOR_CACHE/guest}
 SRC_PKG=linux-source-6.1
 SRC_TAR=/usr/src/$SRC_PKG.tar.xz
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'guest-kernel: %s\n' "$*" >&2; exit 1; }
 
 # What the build needs: the source package, the kernel's build tools, readelf (binutils).
 ensure_build_packages() {
-    local want=("$SRC_PKG" bc bison flex libelf-dev make gcc libc6-dev binutils xz-utils)
-    local missing=()
-    for p in "${want[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    if ((${#missing[@]})); then
-        log "installing ${missing[*]}"
-        [ "$(id -u)" = 0 ] || die "need root to apt-get install ${missing[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-    fi
+    install_missing "$SRC_PKG" bc bison flex libelf-dev make gcc libc6-dev binutils xz-utils
     [ -f "$SRC_TAR" ] || die "$SRC_TAR missing although $SRC_PKG is installed"
 }
 
