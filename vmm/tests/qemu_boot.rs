@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use qemu::{boot, busybox_initramfs, guest_kernel, marked, one, Disk, INIT_END, INIT_PRELUDE, MOUNT_OVERLAY_ROOT};
+use qemu::{
+    boot, boot_overlay, busybox_initramfs, guest_kernel, marked, one, Disk, INIT_END, INIT_PRELUDE, MOUNT_OVERLAY_ROOT,
+};
 
 /// Brings eth0 up with QEMU user networking's fixed guest address and sends
 /// one line to the port given as `pvisor.port=` on the command line.
@@ -129,16 +131,7 @@ umount /newroot && umount /mnt/scratch && umount /mnt/lower && echo PVISOR-UNMOU
     let initrd = tmp.path().join("initrd.cpio");
     std::fs::write(&initrd, busybox_initramfs(&script, &[])).expect("write initrd");
 
-    let console = boot(
-        &kernel,
-        &initrd,
-        &[
-            Disk { path: &lower, serial: "lower", read_only: true },
-            Disk { path: &scratch, serial: "scratch", read_only: false },
-        ],
-        "",
-        &[],
-    );
+    let console = boot_overlay(&kernel, &initrd, &lower, &scratch);
 
     one(&console, "PVISOR-EROFS-MOUNTED");
     assert_eq!(one(&console, "PVISOR-EROFS-READ "), "hello from erofs");

@@ -17,7 +17,7 @@ mod qemu;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use qemu::{boot, busybox_initramfs, guest_kernel, marked, one, run, Disk, INIT_PRELUDE, MOUNT_OVERLAY_ROOT};
+use qemu::{boot_overlay, busybox_initramfs, guest_kernel, marked, one, run, INIT_PRELUDE, MOUNT_OVERLAY_ROOT};
 
 const PROBE: &[u8] = include_bytes!("qemu/probe.py");
 const IMAGE: &str = "python-3.11-slim.tar";
@@ -126,16 +126,7 @@ echo PVISOR-INIT-DONE
     std::fs::write(&initrd, busybox_initramfs(&script, &[("probe.py", PROBE), ("stage2", stage2.as_bytes())]))
         .expect("write initrd");
 
-    let console = boot(
-        &kernel,
-        &initrd,
-        &[
-            Disk { path: &lower, serial: "lower", read_only: true },
-            Disk { path: &scratch, serial: "scratch", read_only: false },
-        ],
-        "",
-        &[],
-    );
+    let console = boot_overlay(&kernel, &initrd, &lower, &scratch);
 
     one(&console, "PVISOR-OVERLAY-MOUNTED");
     assert_eq!(one(&console, "PVISOR-PROBE-EXIT "), "0", "{console}");

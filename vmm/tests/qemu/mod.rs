@@ -124,6 +124,16 @@ pub struct Disk<'a> {
     pub read_only: bool,
 }
 
+/// [`boot`] with the sandbox's two disks: a read-only `lower` (vda, serial
+/// "lower") and a writable `scratch` (vdb, serial "scratch").
+pub fn boot_overlay(kernel: &Path, initrd: &Path, lower: &Path, scratch: &Path) -> String {
+    let disks = [
+        Disk { path: lower, serial: "lower", read_only: true },
+        Disk { path: scratch, serial: "scratch", read_only: false },
+    ];
+    boot(kernel, initrd, &disks, "", &[])
+}
+
 /// Boots `kernel` with `initrd` and `disks` under QEMU TCG and returns the
 /// serial console output once QEMU has exited by itself (panics on timeout,
 /// on a QEMU failure, or if the guest never reached the end of its /init).
