@@ -5,7 +5,7 @@
 //! worker's gRPC service, the broker and the agent only see this trait: the
 //! ns backend passes the agent a fresh socketpair end per connection, the vm
 //! backend connects through its VMM's vsock device, and nothing else changes.
-use crate::config::{BackendConfig, WorkerConfig};
+use crate::config::{BackendConfig, Common, WorkerConfig};
 use crate::error::{Result, WorkerError};
 use crate::threads::ThreadFilter;
 use std::os::unix::net::UnixStream;
@@ -76,7 +76,7 @@ pub trait Sandbox: Send + Sync {
 /// A way to start sandboxes.
 pub trait Backend {
     /// Starts the sandbox. Called while the worker is still single-threaded.
-    fn start(&self, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>>;
+    fn start(&self, common: &Common, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>>;
     /// Every thread this backend's worker runs, and its seccomp filter.
     fn threads(&self) -> &'static [ThreadFilter];
     /// Whether the main thread installs its filter on every thread

@@ -158,14 +158,14 @@ impl Common {
     }
 }
 
-/// Decodes a configuration as read from the pipe.
-pub fn decode(bytes: &[u8]) -> Result<WorkerConfig> {
+/// Decodes a configuration as read from the pipe, with its checked common part.
+pub fn decode(bytes: &[u8]) -> Result<(WorkerConfig, Common)> {
     let cfg = <WorkerConfig as prost::Message>::decode(bytes).map_err(|e| WorkerError::Config(e.to_string()))?;
     if cfg.backend.is_none() {
         return Err(WorkerError::Config("no backend part (ns or vm)".into()));
     }
-    Common::of(&cfg)?;
-    Ok(cfg)
+    let common = Common::of(&cfg)?;
+    Ok((cfg, common))
 }
 
 /// Encodes a configuration for the pipe.

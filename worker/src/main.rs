@@ -33,7 +33,7 @@ fn set_cloexec(fd: RawFd) {
 /// Joins the cgroup named on the command line, then waits for the
 /// configuration on [`CONFIG_FD`]. Returns None when the pipe closes empty
 /// (the broker retired this warm worker).
-fn join_and_wait() -> Option<WorkerConfig> {
+fn join_and_wait() -> Option<(WorkerConfig, Common)> {
     let mut args = std::env::args().skip(1);
     match (args.next().as_deref(), args.next()) {
         (Some("--cgroup"), Some(json)) => {
@@ -58,6 +58,14 @@ fn join_and_wait() -> Option<WorkerConfig> {
     Some(config::decode(&bytes).unwrap_or_else(|e| fail(e)))
 }
 
+/// `msg`, followed by the sandbox's last console lines when it has any.
+fn with_console(msg: String, sandbox: &dyn Sandbox) -> String {
+    match sandbox.console_tail() {
+        tail if tail.is_empty() => msg,
+        tail => format!("{msg}; console: {tail}"),
+    }
+}
+
 /// Exits the worker when the broker's end of the lifeline closes.
 fn watch_lifeline(fd: RawFd, sandbox: Option<Arc<dyn Sandbox>>) {
     std::thread::spawn(move || {
@@ -78,18 +86,13 @@ fn watch_sandbox(sandbox: Arc<dyn Sandbox>) {
         if SHUTTING_DOWN.load(Ordering::SeqCst) {
             std::process::exit(0);
         }
-        let tail = sandbox.console_tail();
-        if tail.is_empty() {
-            eprintln!("pvisor-worker: sandbox {exit}");
-        } else {
-            eprintln!("pvisor-worker: sandbox {exit}; console: {tail}");
-        }
+        eprintln!("pvisor-worker: {}", with_console(format!("sandbox {exit}"), sandbox.as_ref()));
         std::process::exit(10);
     });
 }
 
 fn main() {
-    let Some(cfg) = join_and_wait() else { return };
+    let Some((cfg, common)) = join_and_wait() else { return };
     let t0 = Instant::now();
     tracing_subscriber::fmt()
         // virtio-queue logs an error per bad notify: a guest could fill the
@@ -104,13 +107,12 @@ fn main() {
     set_cloexec(LISTEN_FD);
     set_cloexec(LIFELINE_FD);
     pvisor_worker::harden::protect_worker();
-    let common = Common::of(&cfg).unwrap_or_else(|e| fail(e));
     // Start the sandbox while this process is still single-threaded. Threads
     // the backend starts (a VMM's vCPUs and devices) install their own filters.
     let backend = backend::for_config(&cfg);
     let filter = backend.as_ref().ok().and_then(|b| filter_of(b.threads(), Thread::Api));
     let sync = backend.as_ref().is_ok_and(|b| b.sync_filter());
-    let started = backend.and_then(|b| b.start(&cfg));
+    let started = backend.and_then(|b| b.start(&common, &cfg));
     let t_started = t0.elapsed();
     let (sandbox, initial) = match started {
         Ok(s) => (Some(Arc::<dyn Sandbox>::from(s)), Readiness::Starting),
@@ -164,23 +166,16 @@ fn main() {
                                 boot_us: t0.elapsed().as_micros() as u64,
                             }),
                             Ok(Err(e)) => Readiness::Failed(format!("configuring the agent: {}", e.message())),
-                            Err(_) => {
-                                let tail = sb.console_tail();
-                                let mut m =
-                                    format!("the agent did not answer within {} s", AGENT_READY_TIMEOUT.as_secs());
-                                if !tail.is_empty() {
-                                    m.push_str(&format!("; console: {tail}"));
-                                }
-                                Readiness::Failed(m)
-                            }
+                            Err(_) => Readiness::Failed(with_console(
+                                format!("the agent did not answer within {} s", AGENT_READY_TIMEOUT.as_secs()),
+                                sb.as_ref(),
+                            )),
                         };
                         let _ = ready_tx.send(state);
                     });
                 }
                 Err(e) => {
-                    let tail = sb.console_tail();
-                    let msg = if tail.is_empty() { e.to_string() } else { format!("{e}; console: {tail}") };
-                    let _ = ready_tx.send(Readiness::Failed(msg));
+                    let _ = ready_tx.send(Readiness::Failed(with_console(e.to_string(), sb.as_ref())));
                 }
             }
         }

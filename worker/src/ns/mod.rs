@@ -28,13 +28,12 @@ use std::os::unix::net::UnixStream;
 pub struct NsBackend;
 
 impl Backend for NsBackend {
-    fn start(&self, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>> {
-        let common = Common::of(cfg)?;
+    fn start(&self, common: &Common, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>> {
         let Some(BackendConfig::Ns(ns)) = &cfg.backend else {
             return Err(WorkerError::Config("the ns backend needs an ns part".into()));
         };
-        let (pid, connections) = spawn::start(&common, ns)?;
-        Ok(Box::new(NsSandbox { pid, connections, freeze: FreezeScope::new(common.cgroup) }))
+        let (pid, connections) = spawn::start(common, ns)?;
+        Ok(Box::new(NsSandbox { pid, connections, freeze: FreezeScope::new(common.cgroup.clone()) }))
     }
 
     fn threads(&self) -> &'static [ThreadFilter] {

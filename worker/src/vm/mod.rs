@@ -80,8 +80,7 @@ pub fn backend(cfg: &WorkerConfig) -> Result<Box<dyn Backend>> {
 }
 
 impl Backend for VmBackend {
-    fn start(&self, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>> {
-        let common = Common::of(cfg)?;
+    fn start(&self, common: &Common, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>> {
         let Some(BackendConfig::Vm(vm)) = &cfg.backend else {
             return Err(WorkerError::Config("the vm backend needs a vm part".into()));
         };
