@@ -3,7 +3,12 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    let protos = ["pvisor/agent/v1/agent.proto", "pvisor/worker/v1/worker.proto", "pvisor/worker/v1/config.proto"];
+    let protos = [
+        "pvisor/agent/v1/agent.proto",
+        "pvisor/net/v1/net.proto",
+        "pvisor/worker/v1/worker.proto",
+        "pvisor/worker/v1/config.proto",
+    ];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }

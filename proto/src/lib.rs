@@ -1,6 +1,8 @@
 //! gRPC contracts of pvisor.
 //!
 //! * [`agent`]: the in-sandbox agent (commands, sessions, files, tunnels).
+//! * [`net`]: a sandbox's egress policy and the worker's contract with its
+//!   network process (pvisor-netd).
 //! * [`worker`]: the per-sandbox worker (readiness, metrics, pause, shutdown)
 //!   and its start-up configuration (`WorkerConfig`, sent on its config pipe).
 //!
@@ -15,6 +17,11 @@ pub mod pvisor {
             tonic::include_proto!("pvisor.agent.v1");
         }
     }
+    pub mod net {
+        pub mod v1 {
+            tonic::include_proto!("pvisor.net.v1");
+        }
+    }
     pub mod worker {
         pub mod v1 {
             tonic::include_proto!("pvisor.worker.v1");
@@ -23,6 +30,7 @@ pub mod pvisor {
 }
 
 pub use pvisor::agent::v1 as agent;
+pub use pvisor::net::v1 as net;
 pub use pvisor::worker::v1 as worker;
 
 /// Encoded `FileDescriptorSet` of every service above.

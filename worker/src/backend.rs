@@ -73,10 +73,25 @@ pub trait Sandbox: Send + Sync {
     }
 }
 
+/// The sandbox's side of its network link, for the worker to hand to netd:
+/// a tap device opened inside the sandbox's network namespace (ns), or the
+/// far end of the virtio-net device's frame socket (vm).
+pub struct NetLink {
+    pub fd: std::os::fd::OwnedFd,
+    pub kind: pvisor_proto::net::LinkKind,
+}
+
+/// What [`Backend::start`] produced.
+pub struct Started {
+    pub sandbox: Box<dyn Sandbox>,
+    /// Set when the configuration asked for a network (`WorkerConfig.net`).
+    pub net_link: Option<NetLink>,
+}
+
 /// A way to start sandboxes.
 pub trait Backend {
     /// Starts the sandbox. Called while the worker is still single-threaded.
-    fn start(&self, common: &Common, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>>;
+    fn start(&self, common: &Common, cfg: &WorkerConfig) -> Result<Started>;
     /// Every thread this backend's worker runs, and its seccomp filter.
     fn threads(&self) -> &'static [ThreadFilter];
     /// Whether the main thread installs its filter on every thread

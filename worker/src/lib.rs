@@ -15,6 +15,7 @@ pub mod error;
 pub mod forward;
 pub mod harden;
 pub mod launch;
+pub mod netd;
 pub mod ns;
 pub mod service;
 pub mod threads;

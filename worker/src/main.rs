@@ -115,7 +115,8 @@ fn main() {
     let started = backend.and_then(|b| b.start(&common, &cfg));
     let t_started = t0.elapsed();
     let (sandbox, initial) = match started {
-        Ok(s) => (Some(Arc::<dyn Sandbox>::from(s)), Readiness::Starting),
+        // TODO(issue 9): hand `net_link` to the sandbox's netd.
+        Ok(s) => (Some(Arc::<dyn Sandbox>::from(s.sandbox)), Readiness::Starting),
         Err(e) => {
             tracing::error!(sandbox = %common.sandbox_id, "{e}");
             (None, Readiness::Failed(e.to_string()))

@@ -105,4 +105,12 @@ impl Worker for WorkerService {
         });
         Ok(Response::new(Empty {}))
     }
+
+    async fn set_egress_policy(&self, _: Request<pvisor_proto::net::EgressPolicy>) -> Result<Response<Empty>, Status> {
+        Err(Status::failed_precondition("the sandbox has no network"))
+    }
+
+    async fn net_stats(&self, _: Request<Empty>) -> Result<Response<pvisor_proto::net::NetStats>, Status> {
+        Ok(Response::new(pvisor_proto::net::NetStats::default()))
+    }
 }

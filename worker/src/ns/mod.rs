@@ -14,7 +14,7 @@ pub mod mounts;
 pub mod net;
 pub mod spawn;
 
-use crate::backend::{Backend, Sandbox, SandboxExit};
+use crate::backend::{Backend, Sandbox, SandboxExit, Started};
 use crate::config::{BackendConfig, Common, WorkerConfig};
 use crate::error::{Result, WorkerError};
 use crate::threads::{ThreadFilter, COMMON};
@@ -28,12 +28,13 @@ use std::os::unix::net::UnixStream;
 pub struct NsBackend;
 
 impl Backend for NsBackend {
-    fn start(&self, common: &Common, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>> {
+    fn start(&self, common: &Common, cfg: &WorkerConfig) -> Result<Started> {
         let Some(BackendConfig::Ns(ns)) = &cfg.backend else {
             return Err(WorkerError::Config("the ns backend needs an ns part".into()));
         };
         let (pid, connections) = spawn::start(common, ns)?;
-        Ok(Box::new(NsSandbox { pid, connections, freeze: FreezeScope::new(common.cgroup.clone()) }))
+        let sandbox = Box::new(NsSandbox { pid, connections, freeze: FreezeScope::new(common.cgroup.clone()) });
+        Ok(Started { sandbox, net_link: None })
     }
 
     fn threads(&self) -> &'static [ThreadFilter] {

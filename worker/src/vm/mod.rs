@@ -14,7 +14,7 @@ pub mod host;
 pub mod kvm;
 pub mod qemu;
 
-use crate::backend::{Backend, Sandbox};
+use crate::backend::{Backend, Sandbox, Started};
 use crate::config::{BackendConfig, Common, VmEngine, WorkerConfig};
 use crate::error::{Result, WorkerError};
 use crate::threads::{Thread, ThreadFilter};
@@ -80,7 +80,7 @@ pub fn backend(cfg: &WorkerConfig) -> Result<Box<dyn Backend>> {
 }
 
 impl Backend for VmBackend {
-    fn start(&self, common: &Common, cfg: &WorkerConfig) -> Result<Box<dyn Sandbox>> {
+    fn start(&self, common: &Common, cfg: &WorkerConfig) -> Result<Started> {
         let Some(BackendConfig::Vm(vm)) = &cfg.backend else {
             return Err(WorkerError::Config("the vm backend needs a vm part".into()));
         };
@@ -88,13 +88,14 @@ impl Backend for VmBackend {
             return Err(WorkerError::Config("vm: kernel, initramfs, scratch_disk and console_log are required".into()));
         }
         let boot = crate::AGENT_READY_TIMEOUT;
-        Ok(match self.engine {
+        let sandbox: Box<dyn Sandbox> = match self.engine {
             VmEngine::Kvm => Box::new(kvm::start(vm, &common.hostname, boot)?),
             VmEngine::QemuTcg => {
                 let dir = Path::new(&vm.console_log).parent().unwrap_or(Path::new("."));
                 Box::new(qemu::start(vm, &common.hostname, dir, boot)?)
             }
-        })
+        };
+        Ok(Started { sandbox, net_link: None })
     }
 
     fn threads(&self) -> &'static [ThreadFilter] {

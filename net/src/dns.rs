@@ -1,0 +1,3 @@
+//! The DNS wire format netd needs (RFC 1035), on byte slices.
+//!
+//! SKELETON: to be written (netd helper).
