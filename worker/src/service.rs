@@ -107,7 +107,8 @@ impl Worker for WorkerService {
     }
 
     async fn set_egress_policy(&self, _: Request<pvisor_proto::net::EgressPolicy>) -> Result<Response<Empty>, Status> {
-        Err(Status::failed_precondition("the sandbox has no network"))
+        // SKELETON (issue 9): accepted and dropped until netd is wired in.
+        Ok(Response::new(Empty {}))
     }
 
     async fn net_stats(&self, _: Request<Empty>) -> Result<Response<pvisor_proto::net::NetStats>, Status> {

@@ -3,7 +3,7 @@
 //! Runs in the cloned child of a still single-threaded worker. Any failure is
 //! written to the error pipe (the worker reports it) and the child exits.
 use super::mounts::{self, RootfsSpec};
-use super::net;
+
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use nix::unistd::{sethostname, Gid, Uid};
@@ -74,7 +74,7 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     let (lower, upper, work) = (fd_path(&layers[0]), fd_path(&layers[1]), fd_path(&layers[2]));
     mounts::setup(&RootfsSpec { lower: &lower, upper: &upper, work: &work, hostname: &a.hostname })?;
     sethostname(&a.hostname).map_err(|e| format!("sethostname: {e}"))?;
-    net::loopback_up().map_err(|e| format!("loopback: {e}"))?;
+    pvisor_net::iface::loopback_up().map_err(|e| format!("loopback: {e}"))?;
     nix::unistd::dup2(a.agent_sock.as_raw_fd(), AGENT_FD).map_err(|e| format!("dup2: {e}"))?;
     // Nothing but fds 0-3 crosses into the sandbox (the agent's own exe fd is
     // still needed by fexecve, so mark rather than close).

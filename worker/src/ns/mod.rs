@@ -6,12 +6,12 @@
 //! * [`init`]: the child side — identity, cgroup namespace, root filesystem,
 //!   hostname, loopback, capabilities, seccomp, exec of the agent.
 //! * [`mounts`]: the root filesystem (overlay, /proc, /dev, /tmp, pivot_root).
-//! * [`net`]: bringing up loopback.
+
 //! * [`freeze`]: pausing by the cgroup freezer.
 pub mod freeze;
 pub mod init;
 pub mod mounts;
-pub mod net;
+
 pub mod spawn;
 
 use crate::backend::{Backend, Sandbox, SandboxExit, Started};
