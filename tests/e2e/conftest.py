@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -74,7 +75,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def import_images(binary: Path, data_dir: Path, archives: list[str]) -> None:
+def import_images(binary: Path, data_dir: Path, archives: list[str], prefix: list[str] | None = None) -> None:
     src = images_dir()
     if not src.is_dir():
         pytest.fail(
@@ -90,7 +91,7 @@ def import_images(binary: Path, data_dir: Path, archives: list[str]) -> None:
                 f"`sudo images/testdata/build-test-images.sh`",
                 pytrace=False,
             )
-        cmd = [str(binary), "image", "import", str(f), "--data-dir", str(data_dir)]
+        cmd = [*(prefix or []), str(binary), "image", "import", str(f), "--data-dir", str(data_dir)]
         t0 = time.monotonic()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=IMPORT_TIMEOUT)
         if r.returncode != 0:
@@ -105,8 +106,9 @@ class PvisorServer:
     """A `pvisor serve` subprocess with its own data directory and log file."""
 
     def __init__(self, name: str, binary: Path, data_dir: Path, log_path: Path, env: dict[str, str],
-                 args: list[str] | None = None):
+                 args: list[str] | None = None, prefix: list[str] | None = None):
         self.args = args or []
+        self.prefix = prefix or []  # exec'd before the binary (e.g. setpriv for a non-root broker)
         self.name = name
         self.binary = binary
         self.data_dir = data_dir
@@ -131,7 +133,7 @@ class PvisorServer:
             self.port = free_port()
             self._log_file = open(self.log_path, "ab", buffering=0)
             self._log_file.write(f"=== pytest: starting {self.name} on {self.addr}\n".encode())
-            cmd = [str(self.binary), "serve", "--listen", self.addr, "--data-dir", str(self.data_dir), *self.args]
+            cmd = [*self.prefix, str(self.binary), "serve", "--listen", self.addr, "--data-dir", str(self.data_dir), *self.args]
             env = {k: v for k, v in os.environ.items() if k != "PVISOR_API_KEY"}
             env.update({"RUST_BACKTRACE": "1", **self.env})
             self.proc = subprocess.Popen(
@@ -235,7 +237,8 @@ class PvisorServer:
 
 
 def _start_server(tmp_path_factory, name: str, archives: list[str], env: dict[str, str],
-                  args: list[str] | None = None) -> PvisorServer:
+                  args: list[str] | None = None, prefix: list[str] | None = None,
+                  data_owner: tuple[int, int] | None = None) -> PvisorServer:
     binary = pvisor_bin()
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         pytest.fail(
@@ -245,8 +248,10 @@ def _start_server(tmp_path_factory, name: str, archives: list[str], env: dict[st
         )
     base = tmp_path_factory.mktemp(name)
     data_dir = make_data_dir(name)
-    import_images(binary, data_dir, archives)
-    srv = PvisorServer(name, binary, data_dir, base / "server.log", env, args)
+    if data_owner is not None:
+        os.chown(data_dir, *data_owner)
+    import_images(binary, data_dir, archives, prefix)
+    srv = PvisorServer(name, binary, data_dir, base / "server.log", env, args, prefix)
     srv.start()
     return srv
 
@@ -340,6 +345,26 @@ def auth_server(tmp_path_factory) -> PvisorServer:
     t0 = time.monotonic()
     rc = srv.stop()
     print(f"\n{srv.name} exited with {rc} {time.monotonic() - t0:.1f}s after SIGTERM; log: {srv.log_path}")
+
+
+# ---------------------------------------------------------------- the private test internet
+
+
+@pytest.fixture(scope="session")
+def networld():
+    """The private internet of tests/networld (built as root, torn down at the end if this
+    session built it); yields its addresses module. Skips where it cannot be built."""
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from networld import addresses, world
+
+    why = world.missing_requirements()
+    if why:
+        pytest.skip(f"the private test internet (tests/networld) cannot be built: {why}")
+    was_up = world.status() == "up"
+    world.up()
+    yield addresses
+    if not was_up and not os.environ.get("PVISOR_NETWORLD_KEEP"):
+        world.down()
 
 
 # ---------------------------------------------------------------- sandbox factories

@@ -163,3 +163,34 @@ def wait_healthy(port: int, proc, why: Callable[[], str], timeout: float = 30) -
         assert proc.poll() is None, f"server exited: {why()}"
         assert time.monotonic() < deadline, f"server did not come up: {why()}"
         time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- network probes (test_network.py)
+
+NETPROBE_DIR = "/tmp/netprobe"
+# What a blocked connection must look like: an immediate refusal or reset, never a timeout.
+BLOCKED = ("refused", "reset")
+
+
+def install_netprobe(sb: SandboxSync, ca_pem: bytes | None = None) -> None:
+    """Puts netprobe.py (and networld's dnswire.py, and the test CA) into a python sandbox."""
+    here = Path(__file__).resolve().parent
+    sh(sb, f"mkdir -p {NETPROBE_DIR}")
+    sb.files.write_file(f"{NETPROBE_DIR}/netprobe.py", (here / "netprobe.py").read_text())
+    sb.files.write_file(f"{NETPROBE_DIR}/dnswire.py", (here.parent / "networld" / "dnswire.py").read_text())
+    if ca_pem is not None:
+        sb.files.write_file(f"{NETPROBE_DIR}/ca.pem", ca_pem.decode())
+
+
+def netprobe(sb: SandboxSync, *args: Any) -> dict:
+    """Runs `netprobe.py ARGS` in the sandbox; its JSON result (kind: ok, refused, ...)."""
+    import json
+    import shlex
+
+    cmd = "python3 " + shlex.join([f"{NETPROBE_DIR}/netprobe.py", *map(str, args)])
+    ex = run(sb, cmd)
+    out = stdout_text(ex).strip().splitlines()
+    assert ex.exit_code == 0 and out, f"netprobe {args} failed: {describe(ex)}"
+    res = json.loads(out[-1])
+    res["probe"] = " ".join(map(str, args))
+    return res
