@@ -9,6 +9,8 @@ Experiments are subcommands (bench/README.md explains each):
   imagefs   the image pool (pvisor only)
   vm        the vm backend: test-guest first exit, VMM RSS without guest memory, and (hardware
             virtualization only) SDK create on vm vs ns
+  network   the sandbox network against tests/networld: 100 MiB download, connect P50,
+            create with networking on vs none, idle pvisor-netd memory (vs Docker's bridge)
   all       every experiment, one after the other, plus summary.md
 
 `startup --pvisor-only` is the CI smoke mode (no Docker, a few seconds).
@@ -26,12 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib import common  # noqa: E402
 from lib.common import IMAGE_FILES, REPO, environment, log  # noqa: E402
 
-EXPERIMENTS = ("startup", "burst", "disk", "memory", "imagefs", "vm")
+EXPERIMENTS = ("startup", "burst", "disk", "memory", "imagefs", "vm", "network")
 # Experiments with no peer side (their yardsticks are the host and pvisor itself).
 PVISOR_ONLY = ("imagefs",)
 # Experiments whose peer takes part only in some parts; their result says whether it did
 # (`used_peer`). vm: only its SDK part has a peer, and that part needs hardware virtualization.
 PEER_OPTIONAL = ("vm",)
+# Experiments whose yardstick is not the OpenSandbox server (network: a plain Docker container
+# and the host); their module's yardstick(res) says what was compared.
+OWN_YARDSTICK = ("network",)
 
 
 def module(name: str):
@@ -57,7 +62,7 @@ def run_one(name: str, args) -> dict:
     if name in PVISOR_ONLY:
         args = argparse.Namespace(**{**vars(args), "pvisor_only": True})
     res = mod.run(args)
-    used_peer = not getattr(args, "pvisor_only", False) and res.get("used_peer", True)
+    used_peer = not getattr(args, "pvisor_only", False) and res.get("used_peer", True) and name not in OWN_YARDSTICK
     res["env"] = environment({"loadavg_at_start": load0, "loadavg_at_end": open("/proc/loadavg").read().split()[:3],
                               "duration_s": round(time.time() - t0, 1),
                               **({"peer": peer_env()} if used_peer else {})})
@@ -74,7 +79,7 @@ def render(name: str, res: dict, out: Path) -> str:
     """NAME.md and the plots, from a result (fresh, or reloaded by `report`)."""
     pvisor_only = "peer_substitution" not in res
     md = module(name).report(res, out)
-    if not pvisor_only:
+    if not pvisor_only or name in OWN_YARDSTICK:
         md += "\n" + targets_md(name, res)
     md = header(name, res, pvisor_only) + md
     (out / f"{name}.md").write_text(md)
@@ -99,7 +104,9 @@ def header(name: str, res: dict, pvisor_only: bool) -> str:
              f"{env['mem_total_kib'] // 1024} MiB RAM; load average at start {' '.join(env['loadavg_at_start'])}, "
              f"at end {' '.join(env['loadavg_at_end'])}; git {env['git_head'][:12]}"
              f"{' (dirty tree)' if env['git_dirty'] else ''}; seed {res.get('seed')}.", ""]
-    if name in PVISOR_ONLY:
+    if name in OWN_YARDSTICK:
+        pass  # the experiment's report opens with its yardsticks
+    elif name in PVISOR_ONLY:
         lines += ["pvisor only by design: the yardsticks are the host and pvisor's own warm runs.", ""]
     elif name in PEER_OPTIONAL and pvisor_only:
         lines += ["pvisor only: the peer takes part only in this experiment's SDK part, which did not run with "
@@ -117,7 +124,8 @@ def header(name: str, res: dict, pvisor_only: bool) -> str:
                       "ports published on 127.0.0.1.", ""]
         if name != "disk":
             lines += [f"**Substitution:** {res['peer_substitution']}", ""]
-    if name != "disk" and name not in PVISOR_ONLY and not (name in PEER_OPTIONAL and pvisor_only):
+    if name != "disk" and name not in PVISOR_ONLY and name not in OWN_YARDSTICK \
+            and not (name in PEER_OPTIONAL and pvisor_only):
         lines += [f"Both sides driven by the unmodified OpenSandbox Python SDK {env['opensandbox_sdk']}, one shared "
                   "SDK transport per service start; SDK telemetry "
                   + ("on." if env.get("sdk_metrics") else "off on both sides (`disable_metrics`)."), ""]

@@ -16,10 +16,22 @@ cargo clippy --locked --all-targets -- -D warnings
 log "cargo test"
 PVISOR_TEST_IMAGES=$TEST_IMAGES PVISOR_DIST=$DIST cargo test --locked --workspace -- --test-threads=2
 log "end-to-end suite (official SDK)"
-PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/e2e
+PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/e2e \
+    --ignore=tests/e2e/test_network.py
+log "private test internet (tests/networld): unit tests, set-up, every server from the host"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/networld
+"$VENV/bin/python" tests/networld up
+"$VENV/bin/python" tests/networld check
+log "network suite (official SDK, private internet; root and unprivileged broker)"
+PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES PVISOR_NETWORLD_KEEP=1 "$VENV/bin/python" -m pytest -q \
+    -p no:cacheprovider tests/e2e/test_network.py
 if [ -x bench/run ]; then
     log "benchmark smoke"
     PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES PYTHON=$VENV/bin/python bench/run startup --pairs 2 --pvisor-only --out "$(mktemp -d)"
     PVISOR_BIN=$DIST/pvisor PYTHON=$VENV/bin/python bench/run vm --runs 10 --rss-rounds 1 --out "$(mktemp -d)"
+    PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES PYTHON=$VENV/bin/python bench/run network --pvisor-only \
+        --downloads 1 --connects 50 --creates 2 --idle 1 --out "$(mktemp -d)"
 fi
+log "private test internet: tear-down leaves nothing behind"
+"$VENV/bin/python" tests/networld down
 log "all tests passed"

@@ -1,0 +1,5 @@
+"""Makes `networld` importable for its own unit tests (pytest tests/networld)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
