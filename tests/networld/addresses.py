@@ -29,7 +29,11 @@ WILD_A = "203.0.113.31"     # a.wild.test
 WILD_BC = "203.0.113.32"    # b.c.wild.test
 WEB_HOSTS = [WEB_A, WEB_B, WILD_APEX, WILD_A, WILD_BC]
 DNS = "198.51.100.53"
-ROUTED = ["203.0.113.0/24", "198.51.100.0/24"]  # routed from the host via LINK_INET
+# Routed from the host via LINK_INET: each address alone (/32), never the whole /24s. On
+# these hosts the package registries' proxy itself sits at 203.0.113.80 (deb.debian.org,
+# pypi.org, crates.io resolve to it), so routing 203.0.113.0/24 into the world would cut the
+# host off from them; world.up() also refuses to start if a registry resolves to one of these.
+ROUTED = [f"{a}/32" for a in [*WEB_HOSTS, DNS]]
 
 HTTP_PORT = 80
 TLS_PORT = 443

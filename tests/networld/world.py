@@ -2,7 +2,7 @@
 
   host root netns                         netns pvisor-networld
   nw-host 198.18.0.1/24  <--- veth --->   nw-inet 198.18.0.254/24, default via 198.18.0.1
-  routes 203.0.113.0/24, 198.51.100.0/24  lo: 203.0.113.{10,20,30,31,32}/32, 198.51.100.53/32
+  routes to each of those /32s           lo: 203.0.113.{10,20,30,31,32}/32, 198.51.100.53/32
          via 198.18.0.254                 servers.py (started with nsenter --net=)
 
 `up()` is idempotent (a healthy world is left alone, a broken or half-built one from a
@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -79,6 +80,42 @@ def _conflicts() -> list[str]:
     return found
 
 
+def _our_routes() -> set[str]:
+    """The world's host routes that exist (as A.ROUTED spells them)."""
+    found = set()
+    for r in json.loads(_ip("-j", "-4", "route", "show", check=False).stdout or "[]"):
+        dst = r.get("dst", "")
+        if r.get("gateway") == A.LINK_INET:
+            found.add(dst if "/" in dst else f"{dst}/32")
+    return found
+
+
+# Names the host must keep reaching while the world is up (its package registries).
+REGISTRIES = ["deb.debian.org", "pypi.org", "files.pythonhosted.org", "index.crates.io", "static.crates.io",
+              "crates.io", "registry.npmjs.org"]
+
+
+def _shadowed() -> list[str]:
+    """Host services the world's addresses would hide: registries resolving to them, or a
+    nameserver of the host's resolv.conf among them."""
+    ours = {n.split("/")[0] for n in A.ROUTED} | {A.LINK_HOST, A.LINK_INET}
+    hit = []
+    for name in REGISTRIES:
+        try:
+            addrs = {i[4][0] for i in socket.getaddrinfo(name, 443, socket.AF_INET)}
+        except OSError:
+            continue
+        hit += [f"{name} -> {a}" for a in addrs & ours]
+    try:
+        for line in Path("/etc/resolv.conf").read_text().splitlines():
+            f = line.split()
+            if len(f) >= 2 and f[0] == "nameserver" and f[1] in ours:
+                hit.append(f"the host's nameserver {f[1]}")
+    except OSError:
+        pass
+    return hit
+
+
 def _healthy() -> str | None:
     """None when the world is up and answering, else what is wrong."""
     if not NETNS_PATH.exists():
@@ -86,8 +123,7 @@ def _healthy() -> str | None:
     pid = _server_pid()
     if pid is None:
         return "servers not running"
-    routes = _ip("-4", "route", "show", "dev", A.VETH_HOST, check=False).stdout
-    if any(n not in routes for n in A.ROUTED):
+    if set(A.ROUTED) - _our_routes():
         return "routes missing"
     try:
         probe.quick_check()
@@ -142,6 +178,9 @@ def up() -> None:
         if _healthy() is None:
             return
         _down()
+        shadowed = _shadowed()
+        if shadowed:
+            raise WorldError("the world's addresses would hide host services: " + ", ".join(shadowed))
         conflicts = _conflicts()
         if conflicts:
             raise WorldError("the host already routes the world's networks: " + ", ".join(conflicts)
@@ -211,7 +250,7 @@ def _down() -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    for net in A.ROUTED:
+    for net in _our_routes():
         _ip("route", "del", net, "via", A.LINK_INET, check=False)
     if NETNS_PATH.exists():
         _ip("netns", "del", A.NETNS, check=False)
@@ -235,8 +274,7 @@ def leftovers() -> list[str]:
         out.append(f"netns {A.NETNS}")
     if Path(f"/sys/class/net/{A.VETH_HOST}").exists():
         out.append(f"link {A.VETH_HOST}")
-    routes = _ip("-4", "route", "show", check=False).stdout
-    out += [f"route {n}" for n in A.ROUTED if n in routes]
+    out += [f"route {n}" for n in sorted(_our_routes())]
     if _netns_pids():
         out.append("processes in the namespace")
     return out
