@@ -23,6 +23,9 @@ pub struct InitArgs {
     pub upper: PathBuf,
     pub work: PathBuf,
     pub hostname: String,
+    /// With a network: the init's end of the socketpair the tap's fd
+    /// goes over (see super::link).
+    pub link_sock: Option<OwnedFd>,
     pub argv: Vec<CString>,
     pub env: Vec<CString>,
 }
@@ -39,6 +42,11 @@ pub fn child_main(a: &InitArgs) -> isize {
 
 fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(|e| format!("pdeathsig: {e}"))?;
+    // The tap first: /dev/net/tun is opened with the worker's host identity.
+    // The tap's fd is closed once sent (the socket is close-on-exec).
+    if let Some(sock) = &a.link_sock {
+        super::link::create_and_send(sock)?;
+    }
     // Open the layers while still holding the worker's host identity (the
     // sandbox's root may not be able to traverse the data directory's
     // parents) and already inside the new mount namespace (overlayfs only
@@ -72,7 +80,8 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).map_err(|e| format!("cgroup namespace: {e}"))?;
     let fd_path = |fd: &OwnedFd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
     let (lower, upper, work) = (fd_path(&layers[0]), fd_path(&layers[1]), fd_path(&layers[2]));
-    mounts::setup(&RootfsSpec { lower: &lower, upper: &upper, work: &work, hostname: &a.hostname })?;
+    mounts::setup(&RootfsSpec { lower: &lower, upper: &upper, work: &work })?;
+    super::etc::write(&super::etc::EtcFiles { hostname: &a.hostname, net: a.link_sock.is_some() })?;
     sethostname(&a.hostname).map_err(|e| format!("sethostname: {e}"))?;
     pvisor_net::iface::loopback_up().map_err(|e| format!("loopback: {e}"))?;
     nix::unistd::dup2(a.agent_sock.as_raw_fd(), AGENT_FD).map_err(|e| format!("dup2: {e}"))?;
