@@ -87,6 +87,18 @@ fn with_console(msg: String, sandbox: &dyn Sandbox) -> String {
     }
 }
 
+/// Moves the sandbox's readiness from Starting to `state`; the first final
+/// state wins (a netd that died first, or the agent's answer).
+fn settle(ready: &watch::Sender<Readiness>, state: Readiness) {
+    ready.send_if_modified(|s| match s {
+        Readiness::Starting => {
+            *s = state;
+            true
+        }
+        _ => false,
+    });
+}
+
 /// Exits the worker when the broker's end of the lifeline closes.
 fn watch_lifeline(fd: RawFd, sandbox: Option<Arc<dyn Sandbox>>) {
     std::thread::spawn(move || {
@@ -164,8 +176,13 @@ fn main() {
     }
     tracing::debug!(started = ?t_started, seccomp = ?t0.elapsed(), "worker start-up");
     watch_lifeline(LIFELINE_FD, sandbox.clone());
+    let (ready_tx, ready_rx) = watch::channel(initial);
     let netd = netd.map(|mut n| {
-        n.watch();
+        // A netd that dies before the sandbox is ready fails the start.
+        let ready = ready_tx.clone();
+        n.watch(move |how| {
+            settle(&ready, Readiness::Failed(format!("the sandbox's network process {how}")));
+        });
         Arc::new(n)
     });
     if let Some(sb) = &sandbox {
@@ -173,7 +190,6 @@ fn main() {
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
     rt.block_on(async move {
-        let (ready_tx, ready_rx) = watch::channel(initial);
         // SAFETY: the broker passed a listening Unix socket at this fd number,
         // owned by nobody else in this process.
         let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(LISTEN_FD) };
@@ -209,11 +225,11 @@ fn main() {
                                 sb.as_ref(),
                             )),
                         };
-                        let _ = ready_tx.send(state);
+                        settle(&ready_tx, state);
                     });
                 }
                 Err(e) => {
-                    let _ = ready_tx.send(Readiness::Failed(with_console(e.to_string(), sb.as_ref())));
+                    settle(&ready_tx, Readiness::Failed(with_console(e.to_string(), sb.as_ref())));
                 }
             }
         }

@@ -150,9 +150,10 @@ impl Netd {
     }
 
     /// Starts a thread that reaps netd when it ends and reports it (the
-    /// sandbox has lost its network). Call after the worker's filter is
-    /// installed, so the thread inherits it.
-    pub fn watch(&mut self) {
+    /// sandbox has lost its network): logged, then `on_exit` gets how it
+    /// ended ("exited with code 1", "was killed by SIGKILL"). Call after the
+    /// worker's filter is installed, so the thread inherits it.
+    pub fn watch(&mut self, on_exit: impl FnOnce(&str) + Send + 'static) {
         self.watched = true;
         let (pid, exit) = (self.pid, self.exit.clone());
         std::thread::spawn(move || {
@@ -160,7 +161,8 @@ impl Netd {
             if !crate::SHUTTING_DOWN.load(std::sync::atomic::Ordering::SeqCst) {
                 tracing::error!(netd = pid, "the sandbox's network process {how}: the sandbox has no network now");
             }
-            *exit.lock().unwrap_or_else(|e| e.into_inner()) = Some(how);
+            *exit.lock().unwrap_or_else(|e| e.into_inner()) = Some(how.clone());
+            on_exit(&how);
         });
     }
 

@@ -12,7 +12,8 @@ closes. It records what it got, one line per event, in $PVISOR_FAKE_NETD_LOG:
     stats
 
 and keeps the link's fd open (so the sandbox's eth0 stays). With
-$PVISOR_FAKE_NETD_REFUSE set, it answers `start` with that error.
+$PVISOR_FAKE_NETD_REFUSE set, it answers `start` with that error; with
+$PVISOR_FAKE_NETD_DIE_ON_START set, it exits on `start` without answering.
 """
 import os
 import socket
@@ -20,6 +21,7 @@ import sys
 
 LOG = os.environ.get("PVISOR_FAKE_NETD_LOG")
 REFUSE = os.environ.get("PVISOR_FAKE_NETD_REFUSE", "")
+DIE_ON_START = "PVISOR_FAKE_NETD_DIE_ON_START" in os.environ
 
 
 def record(line):
@@ -60,6 +62,8 @@ def main():
         field = msg[0] >> 3
         if field == 1:
             record(f"start {msg.hex()} {len(fds)} {tap_name(fds[0]) if fds else '-'}")
+            if DIE_ON_START:
+                os._exit(3)
             links += fds
             ctl.send(string_field(1, REFUSE) if REFUSE else b"")
         elif field == 2:

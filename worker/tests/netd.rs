@@ -123,7 +123,8 @@ fn the_contract_start_policy_stats_refusal_and_death() {
     // Death: requests fail as Gone (not a hang, not a bogus answer), and a
     // watched netd is reaped and says how it ended.
     let mut netd = f.netd;
-    netd.watch();
+    let (tx, rx) = std::sync::mpsc::channel();
+    netd.watch(move |how| tx.send(how.to_owned()).unwrap());
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -136,6 +137,7 @@ fn the_contract_start_policy_stats_refusal_and_death() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(!Path::new(&format!("/proc/{pid}")).exists(), "netd was reaped");
+    assert_eq!(rx.recv().unwrap(), "was killed by SIGKILL", "the watcher reports how netd ended");
 
     // A refusal is the sandbox's start error, with netd's reason.
     let f = spawn(Some("no room for another sandbox"));

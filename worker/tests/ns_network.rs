@@ -297,7 +297,37 @@ async fn without_net_a_sandbox_has_loopback_only_and_no_netd() {
 }
 
 #[tokio::test]
-async fn a_netd_that_refuses_or_is_missing_fails_the_start_with_its_reason() {
+async fn a_netd_that_dies_takes_the_network_only() {
+    let Some(env) = env() else { return };
+    let logs = log_dir(false);
+    let log = logs.path().join("netd.log");
+    let w = start(&env, Spec { net: Some(net_config()), env: netd_env(&log), ..Spec::default() }).await;
+    let mut wc = WorkerClient::new(w.channel.clone());
+    wc.ready(Empty {}).await.unwrap();
+    let pid = netd_pid(&records(&log, "start "));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let e = wc.set_egress_policy(EgressPolicy::default()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    let e = wc.net_stats(Empty {}).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    // The sandbox itself goes on.
+    let (out, code) = sh(&w.channel, "echo alive").await;
+    assert_eq!((out.as_str(), code), ("alive\n", 0));
+    // ... and the worker reaped netd and said so.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = std::fs::read_to_string(w.dir.path().join("worker.log")).unwrap();
+        if log.contains("network process was killed by SIGKILL") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no report of netd's death in the worker's log: {log}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "netd {pid} was reaped");
+}
+
+#[tokio::test]
+async fn a_netd_that_refuses_dies_or_is_missing_fails_the_start_with_its_reason() {
     let Some(env) = env() else { return };
     let logs = log_dir(false);
     let mut with_refusal = netd_env(&logs.path().join("netd.log"));
@@ -306,6 +336,13 @@ async fn a_netd_that_refuses_or_is_missing_fails_the_start_with_its_reason() {
     let e = WorkerClient::new(w.channel.clone()).ready(Empty {}).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert!(e.message().contains("no room for this sandbox"), "netd's reason: {}", e.message());
+
+    let mut dying = netd_env(&logs.path().join("netd2.log"));
+    dying.push(("PVISOR_FAKE_NETD_DIE_ON_START".into(), "1".into()));
+    let w = start(&env, Spec { net: Some(net_config()), env: dying, ..Spec::default() }).await;
+    let e = WorkerClient::new(w.channel.clone()).ready(Empty {}).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("network process is gone"), "netd's death: {}", e.message());
 
     let missing = vec![("PVISOR_NETD".to_string(), "/nonexistent/pvisor-netd".to_string())];
     let w = start(&env, Spec { net: Some(net_config()), env: missing, ..Spec::default() }).await;
