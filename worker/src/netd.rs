@@ -86,14 +86,15 @@ pub fn netd_path() -> PathBuf {
 
 impl Netd {
     /// Starts [`netd_path`] and, when the worker has a cgroup group, moves
-    /// it into that group's `worker` leaf. Call while the worker is still
+    /// it into that group's `worker` leaf (where the freezer acts). Call while the worker is still
     /// single-threaded (before the configuration arrives).
     pub fn spawn(group: Option<&GroupPaths>) -> Result<Netd> {
         let netd = Netd::spawn_at(&netd_path())?;
         if let Some(g) = group {
-            // One migration, off the create path (warm workers do this
-            // before their configuration arrives).
-            g.join(WORKER_LEAF, netd.pid)
+            // Out of the sandbox's freeze scope (the freezer hierarchy on v1,
+            // the unified one on v2: limits sit on the group, so elsewhere
+            // either leaf is the same). One migration, off the create path.
+            g.join_freeze_scope(WORKER_LEAF, netd.pid)
                 .map_err(|e| NetdError::Cgroup { leaf: WORKER_LEAF, reason: e.to_string() })?;
         }
         Ok(netd)
