@@ -19,7 +19,12 @@ fn create_tap(name: &str) -> Result<OwnedFd, String> {
     // SAFETY: open(2) of a constant path; the result is checked below.
     let raw = unsafe { libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if raw < 0 {
-        return Err(format!("open /dev/net/tun: {}", std::io::Error::last_os_error()));
+        let e = std::io::Error::last_os_error();
+        let hint = match e.raw_os_error() {
+            Some(libc::EACCES) => " (an unprivileged worker needs it mode 0666, Debian's default)",
+            _ => "",
+        };
+        return Err(format!("open /dev/net/tun: {e}{hint}"));
     }
     // SAFETY: open just returned this fd and nothing else owns it.
     let tun = unsafe { OwnedFd::from_raw_fd(raw) };
