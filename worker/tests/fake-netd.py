@@ -10,6 +10,7 @@ closes. It records what it got, one line per event, in $PVISOR_FAKE_NETD_LOG:
     start <hex of the NetdControl> <fd count> <the tap's interface name or ->
     policy <hex of the NetdControl>
     stats
+    frame <hex of the first 42 bytes of a frame read from the link>
 
 and keeps the link's fd open (so the sandbox's eth0 stays). With
 $PVISOR_FAKE_NETD_REFUSE set, it answers `start` with that error; with
@@ -18,6 +19,7 @@ $PVISOR_FAKE_NETD_DIE_ON_START set, it exits on `start` without answering.
 import os
 import socket
 import sys
+import threading
 
 LOG = os.environ.get("PVISOR_FAKE_NETD_LOG")
 REFUSE = os.environ.get("PVISOR_FAKE_NETD_REFUSE", "")
@@ -39,6 +41,16 @@ def tap_name(fd):
     except OSError:
         pass
     return "-"
+
+
+def read_frames(fd):
+    """Records the first frames the sandbox sends over its link."""
+    for _ in range(64):
+        try:
+            frame = os.read(fd, 65536 + 14)
+        except OSError:
+            return
+        record(f"frame {frame[:42].hex()}")
 
 
 def string_field(tag, value):
@@ -65,6 +77,8 @@ def main():
             if DIE_ON_START:
                 os._exit(3)
             links += fds
+            for fd in fds:
+                threading.Thread(target=read_frames, args=(fd,), daemon=True).start()
             ctl.send(string_field(1, REFUSE) if REFUSE else b"")
         elif field == 2:
             record(f"policy {msg.hex()}")

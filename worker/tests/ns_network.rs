@@ -229,6 +229,29 @@ async fn networked_sandbox(unprivileged: bool) {
         assert_eq!(status_field(pid, "Uid:").split_whitespace().next(), Some(common::USER.to_string().as_str()));
     }
 
+    // The tap netd holds is the sandbox's eth0: the sandbox's first packet
+    // to its gateway shows up there as an ARP request from 10.0.2.100 for
+    // 10.0.2.2.
+    let (_, _) = sh(&w.channel, "nc -w 1 10.0.2.2 80 </dev/null >/dev/null 2>&1; true").await;
+    let arp = |l: &String| l.strip_prefix("frame ").is_some_and(|f| f.len() >= 84 && &f[24..28] == "0806");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let frame = loop {
+        let recs: Vec<String> = std::fs::read_to_string(&log).unwrap().lines().map(str::to_owned).collect();
+        if let Some(f) = recs.iter().find(|l| arp(l)) {
+            break f.strip_prefix("frame ").unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "no ARP request reached netd: {recs:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(&frame[0..12], "ffffffffffff", "broadcast: {frame}");
+    assert_eq!(&frame[56..64], "0a000264", "sender 10.0.2.100: {frame}");
+    assert_eq!(&frame[76..84], "0a000202", "target 10.0.2.2: {frame}");
+    // IPv6 is off on eth0 from before it went up: not one IPv6 frame.
+    let recs = std::fs::read_to_string(&log).unwrap();
+    assert!(!recs.lines().any(|l| l.starts_with("frame ") && &l[6 + 24..6 + 28] == "86dd"), "IPv6 frames: {recs}");
+    let (out, _) = sh(&w.channel, "cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6").await;
+    assert_eq!(out, "1\n");
+
     // The worker's API reaches netd.
     let p = EgressPolicy { default_action: Action::Deny as i32, egress: vec![] };
     wc.set_egress_policy(p.clone()).await.unwrap();

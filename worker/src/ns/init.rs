@@ -43,10 +43,7 @@ pub fn child_main(a: &InitArgs) -> isize {
 fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(|e| format!("pdeathsig: {e}"))?;
     // The tap first: /dev/net/tun is opened with the worker's host identity.
-    // The tap's fd is closed once sent (the socket is close-on-exec).
-    if let Some(sock) = &a.link_sock {
-        super::link::create_and_send(sock)?;
-    }
+    let tap = a.link_sock.as_ref().map(|_| super::link::create_tap()).transpose()?;
     // Open the layers while still holding the worker's host identity (the
     // sandbox's root may not be able to traverse the data directory's
     // parents) and already inside the new mount namespace (overlayfs only
@@ -74,6 +71,11 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     // (our parent is outside our pid namespace, so getppid() cannot tell
     // whether it went in between; the broker's cgroup sweep covers that).
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(|e| format!("pdeathsig: {e}"))?;
+    // Root of the namespace now, which owns its network sysctls: eth0 is
+    // configured and handed over (the socket itself is close-on-exec).
+    if let (Some(tap), Some(sock)) = (tap, &a.link_sock) {
+        super::link::configure_and_send(tap, sock)?;
+    }
     // A session of its own: no controlling terminal shared with the host.
     nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
     // The worker has moved us into the sandbox leaf: root the cgroup namespace there.

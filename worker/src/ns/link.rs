@@ -1,21 +1,26 @@
 //! The ns sandbox's network link: a tap device `eth0` in the sandbox's
 //! network namespace, whose fd goes to the worker (and from there to netd).
 //!
-//! The init creates it right after `clone`, while it still has the worker's
-//! host credentials (so it can open `/dev/net/tun`) and already sits in its
-//! new network namespace (a tap belongs to the namespace of the process that
-//! opened `/dev/net/tun`; TUNSETIFF needs CAP_NET_ADMIN in that namespace's
-//! user namespace, which the freshly cloned init has). It configures the
-//! interface (pvisor_net::plan), passes the fd over a socketpair and closes
-//! its own copy: nothing in the sandbox can read or write the tap's host side.
+//! Two steps in the init. [`create_tap`] right after `clone`, while it still
+//! has the worker's host credentials (so it can open `/dev/net/tun`) and
+//! already sits in its new network namespace (a tap belongs to the namespace
+//! of the process that opened `/dev/net/tun`; TUNSETIFF needs CAP_NET_ADMIN
+//! in that namespace's user namespace, which the freshly cloned init has).
+//! [`configure_and_send`] once it is root of its mapped user namespace (the
+//! namespace's sysctls belong to that root): IPv6 off on `eth0` before it
+//! goes up (netd speaks IPv4 only, so no link-local chatter reaches it),
+//! address, MTU and default route from pvisor_net::plan, then the fd goes
+//! over a socketpair and the init closes its own copy: nothing in the
+//! sandbox can read or write the tap's host side.
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use pvisor_net::plan;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// Opens `/dev/net/tun` and creates the tap `name` (one frame per read or
-/// write, no packet-information header).
-fn create_tap(name: &str) -> Result<OwnedFd, String> {
+/// Opens `/dev/net/tun` and creates the tap `eth0` (one frame per read or
+/// write, no packet-information header), still down.
+pub fn create_tap() -> Result<OwnedFd, String> {
+    let name = plan::IFACE;
     // SAFETY: open(2) of a constant path; the result is checked below.
     let raw = unsafe { libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if raw < 0 {
@@ -44,10 +49,15 @@ fn create_tap(name: &str) -> Result<OwnedFd, String> {
     Ok(tun)
 }
 
-/// Child side: creates and configures `eth0` (address, MTU, default route)
-/// and sends its fd over `to_worker`. The tap's fd is closed here once sent.
-pub fn create_and_send(to_worker: &OwnedFd) -> Result<(), String> {
-    let tap = create_tap(plan::IFACE)?;
+/// Child side: configures `eth0` and sends its fd over `to_worker`; the
+/// tap's fd is closed here once sent.
+pub fn configure_and_send(tap: OwnedFd, to_worker: &OwnedFd) -> Result<(), String> {
+    let sysctl = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", plan::IFACE);
+    match std::fs::write(&sysctl, "1") {
+        // A kernel without IPv6 has no such file, and nothing to disable.
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(format!("{sysctl}: {e}")),
+        _ => {}
+    }
     pvisor_net::iface::configure(plan::IFACE, plan::SANDBOX_IP, plan::PREFIX_LEN, plan::TAP_MTU)
         .map_err(|e| format!("{}: {e}", plan::IFACE))?;
     pvisor_net::iface::default_route(plan::GATEWAY_IP).map_err(|e| format!("default route: {e}"))?;
