@@ -39,7 +39,15 @@ const NO_NETWORK: &str = "sandbox has no network (the server runs with --default
 const RESET: &str = "policy reset to default deny-all";
 const ALLOW: &str = "GET, POST, PUT, PATCH, DELETE";
 
-/// The API error of a policy that cannot be accepted.
+/// The error of a create's `networkPolicy`: always 400 (a create is not a
+/// large upload; the issue asks for the rule named), 4,096 rules included.
+pub fn create_error(e: PolicyError) -> ApiError {
+    let code = if e.is_too_large() { "TOO_MANY_RULES" } else { "INVALID_NETWORK_POLICY" };
+    ApiError::new(StatusCode::BAD_REQUEST, code, format!("networkPolicy: {e}"))
+}
+
+/// The error of a `/policy` request: 413 past 4,096 rules (as OpenSandbox's
+/// policy server), else 400.
 pub fn policy_error(e: PolicyError) -> ApiError {
     if e.is_too_large() {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "TOO_MANY_RULES", e.to_string())

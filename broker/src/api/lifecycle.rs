@@ -141,7 +141,7 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     if req.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(unsupported_field("volumes"));
     }
-    let policy = req.network_policy.as_ref().map(Policy::from_json).transpose().map_err(egress::policy_error)?;
+    let policy = req.network_policy.as_ref().map(Policy::from_json).transpose().map_err(egress::create_error)?;
     if req.credential_proxy.as_ref().and_then(|c| c.get("enabled")).and_then(|e| e.as_bool()) == Some(true) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
