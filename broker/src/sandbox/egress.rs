@@ -16,6 +16,10 @@ pub async fn push(sb: &SandboxEntry, policy: &Policy) -> ApiResult<()> {
     if sb.status().state == State::Paused {
         return Ok(());
     }
+    send(sb, policy).await
+}
+
+async fn send(sb: &SandboxEntry, policy: &Policy) -> ApiResult<()> {
     let mut client = WorkerClient::new(sb.channel()?);
     client.set_egress_policy(policy.to_proto()).await.map_err(|s| {
         ApiError::new(
@@ -37,8 +41,7 @@ where
     let out = call.await?;
     if then_push {
         if let Some(p) = policy.as_ref() {
-            let mut client = WorkerClient::new(sb.channel()?);
-            client.set_egress_policy(p.to_proto()).await.map_err(ApiError::from)?;
+            send(sb, p).await?;
         }
     }
     Ok(out)
