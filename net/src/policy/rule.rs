@@ -73,6 +73,12 @@ impl Target {
         if let Ok(ip) = s.parse::<IpAddr>() {
             return Ok(Target::Ip(ip));
         }
+        if s.contains("://") {
+            return Err(RuleError::BadDomain(s.to_string(), "a URL; give the host name alone"));
+        }
+        if s.contains(':') && !s.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.' || b == b'/') {
+            return Err(RuleError::BadDomain(s.to_string(), "not a name, an address or a CIDR (no ports or zones)"));
+        }
         if s.contains('/') {
             return Cidr::parse(s).map(Target::Cidr).ok_or_else(|| RuleError::BadCidr(s.to_string()));
         }
@@ -224,7 +230,21 @@ mod tests {
         assert_eq!(Target::parse("example.com/8"), Err(RuleError::BadCidr("example.com/8".into())));
         assert_eq!(Target::parse("300.1.1.1"), Err(RuleError::BadIp("300.1.1.1".into())));
         assert_eq!(Target::parse("010.0.0.1"), Err(RuleError::BadIp("010.0.0.1".into())));
-        assert_eq!(Target::parse("fe80::1%eth0"), Err(RuleError::BadIp("fe80::1%eth0".into())));
+        assert_eq!(
+            Target::parse("fe80::1%eth0"),
+            Err(RuleError::BadDomain("fe80::1%eth0".into(), "not a name, an address or a CIDR (no ports or zones)"))
+        );
+        assert_eq!(
+            Target::parse("fe80::g"),
+            Err(RuleError::BadDomain("fe80::g".into(), "not a name, an address or a CIDR (no ports or zones)"))
+        );
+        assert_eq!(Target::parse("fe80:::1"), Err(RuleError::BadIp("fe80:::1".into())));
+        assert_eq!(Target::parse("2001:db8::/129"), Err(RuleError::BadCidr("2001:db8::/129".into())));
+        assert!(matches!(
+            Target::parse("https://x.com/a"),
+            Err(RuleError::BadDomain(_, "a URL; give the host name alone"))
+        ));
+        assert!(matches!(Target::parse("x.com:443"), Err(RuleError::BadDomain(..))));
         for s in
             ["*", "*.", "a.*.com", "*example.com", "**.x.com", "a..b", ".x.com", "a b.com", "x.com..", "ex@mple.com"]
         {
