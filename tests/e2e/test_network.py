@@ -216,9 +216,11 @@ def test_cidr_and_ip_rules_allow_direct_ips(netbox, networld):
 
 
 def test_first_matching_rule_wins(netbox, networld):
-    sb = netbox(policy("allow", ("deny", "denied.test"), ("allow", "denied.test")))
-    nxdomain(netprobe(sb, "resolve", "denied.test"))
-    assert served_by(sb, "allowed.test") == networld.WEB_A
+    sb = netbox(policy("deny", ("deny", "*.wild.test"), ("allow", "a.wild.test"), ("allow", "wild.test")))
+    nxdomain(netprobe(sb, "resolve", "a.wild.test"))   # the wildcard deny comes first
+    blocked(netprobe(sb, "connect", networld.WILD_A, 80, DENY_TIMEOUT))
+    assert served_by(sb, "wild.test") == networld.WILD_APEX  # the apex is not under *.wild.test
+    nxdomain(netprobe(sb, "resolve", "allowed.test"))  # no rule: the default
 
 
 # ---------------------------------------------------------------- live changes

@@ -116,8 +116,9 @@ def resolve(server: str, name: str, port: int = 53, timeout: float = 3.0) -> tup
     q = build_query(name)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.settimeout(timeout)
-        s.sendto(q, (server, port))
-        data, _ = s.recvfrom(4096)
+        s.connect((server, port))  # like a resolver: only the server's own address may answer
+        s.send(q)
+        data = s.recv(4096)
     qid, rcode, addrs = parse_answer(data)
     if qid != 0x1234:
         raise DnsError(f"answer id {qid:#x} does not match")

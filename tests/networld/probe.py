@@ -69,10 +69,12 @@ def tcp_echo(ip: str, data: bytes = b"networld tcp echo\n") -> bytes:
 
 
 def udp_echo(ip: str, data: bytes = b"networld udp echo") -> bytes:
+    """Over a connected socket, so a reply from another address than `ip` is not accepted."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.settimeout(TIMEOUT)
-        s.sendto(data, (ip, A.UDP_ECHO_PORT))
-        return s.recvfrom(65536)[0]
+        s.connect((ip, A.UDP_ECHO_PORT))
+        s.send(data)
+        return s.recv(65536)
 
 
 def quick_check() -> None:

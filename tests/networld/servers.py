@@ -1,6 +1,6 @@
 """The private internet's servers; runs inside the networld namespace (world.py starts it
-with `nsenter --net=`). One process, one thread per listener, bound to 0.0.0.0 so every
-address of the namespace serves:
+with `nsenter --net=`). One process, one thread per listener, TCP bound to 0.0.0.0 (so every
+address of the namespace serves), UDP bound per address (replies come from the address asked):
 
   :80   HTTP   GET /bytes/N (N-byte payload.py stream; /100m = 100 MiB), anything else:
                a JSON description of the request {server, port, host, sni, path, client}
@@ -157,10 +157,13 @@ class DnsTcpHandler(socketserver.BaseRequestHandler):
             self.request.sendall(struct.pack("!H", len(resp)) + resp)
 
 
-def bound_udp(port: int) -> socket.socket:
+def bound_udp(addr: str, port: int) -> socket.socket:
+    """One UDP socket per address: a reply must come from the address the query went to
+    (a socket on 0.0.0.0 answers from the route's source, 198.18.0.254, which a client's
+    connected UDP socket, e.g. a resolver's, drops)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", port))
+    s.bind((addr, port))
     return s
 
 
@@ -176,7 +179,8 @@ def main() -> None:
         TcpEcho(("0.0.0.0", A.TCP_ECHO_PORT), TcpEchoHandler),
         TcpEcho(("0.0.0.0", A.DNS_PORT), DnsTcpHandler),
     ]
-    loops = [(udp_echo, bound_udp(A.UDP_ECHO_PORT)), (dns_udp, bound_udp(A.DNS_PORT))]
+    loops = [(udp_echo, bound_udp(a, A.UDP_ECHO_PORT)) for a in A.WEB_HOSTS]
+    loops.append((dns_udp, bound_udp(A.DNS, A.DNS_PORT)))
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
     threads += [threading.Thread(target=f, args=(s,), daemon=True) for f, s in loops]
     for t in threads:
