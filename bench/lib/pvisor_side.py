@@ -9,12 +9,14 @@ from .common import IMAGE_FILES, IMAGES, PVISOR, connection, free_port, run, sha
 
 
 def snapshot_binaries(workdir: Path) -> Path:
-    """Copy pvisor, pvisor-worker, pvisor-imaged and pvisor-agent into the work dir, so a
+    """Copy pvisor, pvisor-worker, pvisor-imaged, pvisor-agent (and pvisor-netd) into the work dir, so a
     rebuild of the dist dir during a run cannot mix binaries."""
     dst = workdir / "pvisor-bin"
     dst.mkdir(parents=True, exist_ok=True)
-    for b in ("pvisor", "pvisor-worker", "pvisor-imaged", "pvisor-agent"):
+    for b in ("pvisor", "pvisor-worker", "pvisor-imaged", "pvisor-agent", "pvisor-netd"):
         src = PVISOR.parent / b if b != "pvisor" else PVISOR
+        if b == "pvisor-netd" and not src.exists():
+            continue  # dists from before networking have none; the worker says so if it needs one
         shutil.copy2(src, dst / b)
     return dst / "pvisor"
 
@@ -47,7 +49,8 @@ class PvisorService:
         d = self.pvisor.parent
         return {"side": "pvisor", "command": self.command(),
                 "warm_workers": self.warm_workers if self.warm_workers is not None else "default (2)",
-                "binaries": {b: sha256_file(d / b) for b in ("pvisor", "pvisor-worker", "pvisor-imaged", "pvisor-agent")}}
+                "binaries": {b: sha256_file(d / b) for b in ("pvisor", "pvisor-worker", "pvisor-imaged", "pvisor-agent",
+                                                             "pvisor-netd") if (d / b).exists()}}
 
     def command(self) -> list[str]:
         cmd = [str(self.pvisor), "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data)]
