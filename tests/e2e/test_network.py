@@ -310,15 +310,29 @@ def test_rebinding_name_refused(netbox, networld):
         assert res["kind"] in (*BLOCKED, "nxdomain"), res
 
 
-def test_egress_endpoint_needs_the_token(netbox, net_server):
-    sb = netbox()
+def test_lifecycle_networkpolicy_route_applies_live(netbox, net_server, networld):
+    sb = netbox(policy("deny", ("allow", "allowed.test")))
+    url = f"{net_server.url}/v1/sandboxes/{sb.id}/networkpolicy"
+    r = httpx.get(url, timeout=30)
+    assert r.status_code == 200 and r.json()["policy"]["defaultAction"] == "deny", r.text
+    r = httpx.patch(url, json=[{"action": "allow", "target": "denied.test"}], timeout=30)
+    assert r.status_code == 200, r.text
+    assert served_by(sb, "denied.test") == networld.WEB_B
+    r = httpx.request("DELETE", url, json=["denied.test"], timeout=30)
+    assert r.status_code == 200, r.text
+    nxdomain(netprobe(sb, "resolve", "denied.test"))
+
+
+# ---------------------------------------------------------------- bad input, no network
+
+
+def test_egress_endpoint_needs_the_token(netbox, none_server):
+    sb = netbox(conn=_make_conn(none_server.addr))
     base, headers = dataplane(sb, EGRESS_PORT)
     assert httpx.get(f"{base}/policy", timeout=10).status_code == 401
     r = httpx.get(f"{base}/policy", headers=headers, timeout=10)
     assert r.status_code == 200, r.text
-
-
-# ---------------------------------------------------------------- bad input, no network
+    assert r.json()["policy"]["defaultAction"] == "deny", r.text  # no network reads as deny-all
 
 
 BAD_POLICIES = {
@@ -359,3 +373,8 @@ def test_default_egress_none_is_loopback_only(netbox, none_server, networld):
     assert list(ifaces) == ["lo"], ifaces
     res = netprobe(sb, "connect", networld.WEB_A, 80, DENY_TIMEOUT)
     assert res["kind"] in ("unreachable", "refused"), res
+    # No network process to enforce a policy: it reads as deny-all and cannot change.
+    assert sb.get_egress_policy().default_action == "deny"
+    r = httpx.patch(f"{none_server.url}/v1/sandboxes/{sb.id}/networkpolicy",
+                    json=[{"action": "allow", "target": "allowed.test"}], timeout=30)
+    assert_error_json(r, 409)
