@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -193,4 +194,6 @@ def netprobe(sb: SandboxSync, *args: Any) -> dict:
     assert ex.exit_code == 0 and out, f"netprobe {args} failed: {describe(ex)}"
     res = json.loads(out[-1])
     res["probe"] = " ".join(map(str, args))
+    if os.environ.get("PVISOR_E2E_NETPROBE_LOG"):  # see what each probe met (pytest -s)
+        print(f"netprobe {res}")
     return res
