@@ -20,8 +20,9 @@ Figures:
 - create: SDK create P50 with networking on (policy given) vs a second `pvisor serve
   --default-egress none`, `--creates` (30) samples each after 2 warm-ups, alternating.
   Target: on - none <= 3 ms.
-- netd memory: RSS and PSS (/proc/PID/smaps_rollup) of every pvisor-netd of `--idle`
-  (3) idle sandboxes, median. Target: RSS <= 2 MiB.
+- netd memory: with `--idle` (3) idle sandboxes up, RSS and PSS (/proc/PID/smaps_rollup)
+  of every pvisor-netd beneath the broker (the warm workers' included: they start theirs
+  ahead of a create), median. Target: RSS <= 2 MiB.
 """
 from __future__ import annotations
 
