@@ -1,0 +1,220 @@
+//! netd's stack on an in-memory frame pipe (a SOCK_SEQPACKET socketpair),
+//! with raw frames and a smoltcp interface playing the sandbox.
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, UdpSocket};
+
+use common::*;
+use pvisor_net::{dns, plan};
+use pvisor_proto::net::{NetConfig, NetLimits};
+use smoltcp::socket::tcp;
+
+const DENIED: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 7);
+
+fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
+    let mut q = vec![(id >> 8) as u8, id as u8, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, (qtype >> 8) as u8, qtype as u8, 0, 1]);
+    q
+}
+
+#[test]
+fn arp_for_the_gateway_and_the_resolver_is_answered() {
+    let netd = Netd::start(NetConfig::default(), vec![]);
+    for ip in [plan::GATEWAY_IP, plan::DNS_IP] {
+        netd.send(&arp_request(ip));
+        let (mac, from) = netd.expect("ARP reply", arp_reply);
+        assert_eq!((mac.0, from), (plan::GATEWAY_MAC, ip));
+    }
+    netd.stop();
+}
+
+#[test]
+fn dns_denied_is_nxdomain_allowed_is_relayed_and_binds_the_name() {
+    // A stand-in upstream on loopback (netd's own traffic may go there).
+    let upstream = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let up_addr = upstream.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        let (n, from) = upstream.recv_from(&mut buf).unwrap();
+        let q = dns::parse_query(&buf[..n]).unwrap();
+        assert_eq!(q.name, "www.allowed.test");
+        let mut r = Vec::new();
+        dns::reply(&buf[..n], &q, dns::RCODE_NOERROR, &mut r);
+        r[7] = 1; // ANCOUNT = 1
+        r.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4, 203, 0, 113, 10]);
+        upstream.send_to(&r, from).unwrap();
+    });
+    let config = NetConfig { upstream_dns: vec![up_addr.to_string()], ..Default::default() };
+    let netd = Netd::start(config, vec![]);
+
+    // Denied name, to an address that is not even the resolver: NXDOMAIN from it.
+    let anywhere = SocketAddrV4::new(Ipv4Addr::new(8, 8, 8, 8), 53);
+    netd.send(&udp_frame(40000, anywhere, &query(0x1111, "denied.test", dns::TYPE_A)));
+    let (from, port, msg) = netd.expect("NXDOMAIN", udp_to_guest);
+    assert_eq!((from, port), (anywhere, 40000));
+    let a = dns::parse_answer(&msg).unwrap();
+    assert_eq!((a.id, a.rcode), (0x1111, dns::RCODE_NXDOMAIN));
+
+    // AAAA: an empty answer, never forwarded.
+    let resolver = SocketAddrV4::new(plan::DNS_IP, 53);
+    netd.send(&udp_frame(40001, resolver, &query(0x2222, "www.allowed.test", dns::TYPE_AAAA)));
+    let (_, _, msg) = netd.expect("empty AAAA answer", udp_to_guest);
+    let a = dns::parse_answer(&msg).unwrap();
+    assert_eq!((a.id, a.rcode, a.a_records.len()), (0x2222, dns::RCODE_NOERROR, 0));
+
+    // Allowed: relayed from upstream, under the guest's id.
+    netd.send(&udp_frame(40002, resolver, &query(0x3333, "www.allowed.test", dns::TYPE_A)));
+    let (from, port, msg) = netd.expect("relayed answer", udp_to_guest);
+    assert_eq!((from, port), (resolver, 40002));
+    let a = dns::parse_answer(&msg).unwrap();
+    assert_eq!((a.id, a.rcode), (0x3333, dns::RCODE_NOERROR));
+    assert_eq!(a.a_records[0].addr, Ipv4Addr::new(203, 0, 113, 10));
+    server.join().unwrap();
+
+    // A connect to that address is judged with the name bound to it.
+    let mut guest = Guest::new(netd.guest_fd());
+    let h = guest
+        .sockets
+        .add(tcp::Socket::new(tcp::SocketBuffer::new(vec![0; 4096]), tcp::SocketBuffer::new(vec![0; 4096])));
+    let cx = guest.iface.context();
+    guest.sockets.get_mut::<tcp::Socket>(h).connect(cx, (Ipv4Addr::new(203, 0, 113, 10), 443), 50000).unwrap();
+    guest.until("reset", |g| g.sockets.get::<tcp::Socket>(h).state() == tcp::State::Closed);
+    let asked = netd.asked.lock().unwrap().clone();
+    assert_eq!(asked, [(Ipv4Addr::new(203, 0, 113, 10), vec!["www.allowed.test".to_string()])]);
+    drop(guest);
+    netd.stop();
+}
+
+fn tcp_socket(guest: &mut Guest<'_>) -> smoltcp::iface::SocketHandle {
+    guest.sockets.add(tcp::Socket::new(tcp::SocketBuffer::new(vec![0; 65536]), tcp::SocketBuffer::new(vec![0; 65536])))
+}
+
+#[test]
+fn a_denied_connect_is_reset_at_once() {
+    let netd = Netd::start(NetConfig::default(), vec![]);
+    let mut guest = Guest::new(netd.guest_fd());
+    let h = tcp_socket(&mut guest);
+    let cx = guest.iface.context();
+    guest.sockets.get_mut::<tcp::Socket>(h).connect(cx, (DENIED, 80), 50001).unwrap();
+    let mut saw_syn_sent = false;
+    guest.until("reset", |g| {
+        let s = g.sockets.get::<tcp::Socket>(h).state();
+        saw_syn_sent |= s == tcp::State::SynSent;
+        assert_ne!(s, tcp::State::Established, "a denied connect never completes");
+        s == tcp::State::Closed
+    });
+    assert!(saw_syn_sent);
+    drop(guest);
+    netd.stop();
+}
+
+#[test]
+fn an_allowed_connect_completes_only_when_the_host_side_does_and_data_flows_both_ways() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // A port nobody listens on (bound then dropped).
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap(); // until the guest's FIN
+        assert_eq!(got, b"hello from the sandbox");
+        s.write_all(b"hello from the host").unwrap();
+        // Dropping s sends the host's FIN.
+    });
+    let netd = Netd::start(NetConfig::default(), vec![Ipv4Addr::LOCALHOST]);
+    let mut guest = Guest::new(netd.guest_fd());
+
+    // Nobody listening: the host connect fails, so the sandbox gets a RST, not a SYN-ACK.
+    let h = tcp_socket(&mut guest);
+    let cx = guest.iface.context();
+    guest.sockets.get_mut::<tcp::Socket>(h).connect(cx, (Ipv4Addr::LOCALHOST, closed), 50002).unwrap();
+    guest.until("refused", |g| {
+        let s = g.sockets.get::<tcp::Socket>(h).state();
+        assert_ne!(s, tcp::State::Established, "SYN-ACK without a far end");
+        s == tcp::State::Closed
+    });
+
+    let h = tcp_socket(&mut guest);
+    let cx = guest.iface.context();
+    guest.sockets.get_mut::<tcp::Socket>(h).connect(cx, (Ipv4Addr::LOCALHOST, port), 50003).unwrap();
+    guest.until("established", |g| g.sockets.get::<tcp::Socket>(h).may_send());
+    let s = guest.sockets.get_mut::<tcp::Socket>(h);
+    s.send_slice(b"hello from the sandbox").unwrap();
+    s.close(); // half-close: the host sees EOF, and still answers
+    let mut got = Vec::new();
+    guest.until("the host's answer and FIN", |g| {
+        let s = g.sockets.get_mut::<tcp::Socket>(h);
+        while s.can_recv() {
+            s.recv(|b| {
+                got.extend_from_slice(b);
+                (b.len(), ())
+            })
+            .unwrap();
+        }
+        !s.may_recv() && matches!(s.state(), tcp::State::TimeWait | tcp::State::Closed)
+    });
+    assert_eq!(got, b"hello from the host");
+    server.join().unwrap();
+    drop(guest);
+    netd.stop();
+}
+
+#[test]
+fn udp_is_relayed_both_ways() {
+    let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = match echo.local_addr().unwrap() {
+        std::net::SocketAddr::V4(a) => a,
+        _ => unreachable!(),
+    };
+    let server = std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        for _ in 0..2 {
+            let (n, from) = echo.recv_from(&mut buf).unwrap();
+            echo.send_to(&buf[..n], from).unwrap();
+        }
+    });
+    let netd = Netd::start(NetConfig::default(), vec![Ipv4Addr::LOCALHOST]);
+    for payload in [&b"ping one"[..], b"ping two"] {
+        netd.send(&udp_frame(41000, addr, payload));
+        let (from, port, got) = netd.expect("echo", udp_to_guest);
+        assert_eq!((from, port, got.as_slice()), (addr, 41000, payload));
+    }
+    server.join().unwrap();
+    // A denied destination: ICMP port unreachable (ECONNREFUSED in the sandbox).
+    netd.send(&udp_frame(41001, SocketAddrV4::new(DENIED, 9999), b"x"));
+    assert_eq!(netd.expect("port unreachable", icmp_unreachable), 3);
+    netd.stop();
+}
+
+#[test]
+fn past_the_flow_limit_new_flows_are_refused() {
+    let limits = NetLimits { max_flows: 2, ..Default::default() };
+    let netd = Netd::start(NetConfig { limits: Some(limits), ..Default::default() }, vec![Ipv4Addr::LOCALHOST]);
+    let sinks: Vec<UdpSocket> = (0..3).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+    for (i, sink) in sinks.iter().enumerate() {
+        let std::net::SocketAddr::V4(addr) = sink.local_addr().unwrap() else { unreachable!() };
+        netd.send(&udp_frame(42000 + i as u16, addr, b"flow"));
+        if i < 2 {
+            let mut buf = [0u8; 16];
+            assert_eq!(sink.recv(&mut buf).unwrap(), 4, "flow {i} passes");
+        } else {
+            assert_eq!(netd.expect("refusal of the third flow", icmp_unreachable), 3);
+        }
+    }
+    // TCP counts too: a connect to a listening server is refused at the limit.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut guest = Guest::new(netd.guest_fd());
+    let h = tcp_socket(&mut guest);
+    let cx = guest.iface.context();
+    guest.sockets.get_mut::<tcp::Socket>(h).connect(cx, (Ipv4Addr::LOCALHOST, port), 50004).unwrap();
+    guest.until("reset at the limit", |g| g.sockets.get::<tcp::Socket>(h).state() == tcp::State::Closed);
+    drop(guest);
+    netd.stop();
+}
