@@ -37,16 +37,33 @@ ensure_packages() {
     command -v cargo >/dev/null || { echo "cargo not found: install a Rust toolchain (rustup, stable)" >&2; exit 1; }
 }
 
+# Host settings the sandboxes need.
+host_setup() {
+    # An ns sandbox's network is a tap its init creates with the worker's own identity, so an
+    # unprivileged broker's workers must be able to open /dev/net/tun. Debian's udev default is
+    # 0666 (opening it grants nothing by itself: creating a tap needs CAP_NET_ADMIN over the
+    # network namespace, so a user gets taps only in namespaces of its own); these hosts ship 0600.
+    if [ -c /dev/net/tun ] && [ "$(stat -c %a /dev/net/tun)" != 666 ]; then
+        if [ "$(id -u)" = 0 ]; then
+            log "chmod 0666 /dev/net/tun (Debian's default; unprivileged workers open it)"
+            chmod 0666 /dev/net/tun
+        else
+            echo "warning: /dev/net/tun is not 0666: unprivileged sandboxes get no network" >&2
+        fi
+    fi
+}
+
 # Release binaries into target/dist; the agent is static so it runs in any image.
 build() {
     log "building (cargo target dir: $CARGO_TARGET_DIR)"
     mkdir -p "$CARGO_TARGET_DIR" "$DIST"
-    (cd "$REPO" && cargo build --release --locked -p pvisor -p pvisor-worker -p pvisor-images --bin pvisor --bin pvisor-worker --bin pvisor-imaged)
+    # pvisor-netd sits next to pvisor-worker: the worker starts it from its own directory.
+    (cd "$REPO" && cargo build --release --locked -p pvisor -p pvisor-worker -p pvisor-images -p pvisor-netd --bin pvisor --bin pvisor-worker --bin pvisor-imaged --bin pvisor-netd)
     local triple
     triple=$(rustc -vV | sed -n 's/^host: //p')
     (cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p pvisor-agent --target "$triple")
     install -m 0755 "$CARGO_TARGET_DIR/release/pvisor" "$CARGO_TARGET_DIR/release/pvisor-worker" \
-        "$CARGO_TARGET_DIR/release/pvisor-imaged" "$DIST/"
+        "$CARGO_TARGET_DIR/release/pvisor-imaged" "$CARGO_TARGET_DIR/release/pvisor-netd" "$DIST/"
     install -m 0755 "$CARGO_TARGET_DIR/$triple/release/pvisor-agent" "$DIST/"
 }
 

@@ -3,6 +3,7 @@
 # foreground on 127.0.0.1:8080 (override with PVISOR_LISTEN).
 source "$(dirname "$0")/common.sh"
 ensure_packages
+host_setup
 build
 guest_kernel
 test_images

@@ -7,6 +7,7 @@ mod server;
 
 use clap::{Parser, Subcommand};
 use sandbox::backend::BackendChoice;
+use sandbox::net::DefaultEgress;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -64,6 +65,19 @@ enum Cmd {
         /// PVH entry; `scripts/guest-kernel.sh` builds it).
         #[arg(long, env = "PVISOR_GUEST_KERNEL")]
         guest_kernel: Option<PathBuf>,
+        /// What a sandbox created without a `networkPolicy` gets: allow (a
+        /// network under the allow-all policy; loopback, link-local, the host
+        /// and private ranges stay refused) or none (loopback only).
+        #[arg(long, value_enum, default_value = "allow")]
+        default_egress: DefaultEgress,
+        /// Upstream DNS resolver of sandboxes, ADDR or ADDR:PORT (repeatable;
+        /// default: the nameservers of the host's /etc/resolv.conf).
+        #[arg(long = "net-dns", value_name = "ADDR[:PORT]")]
+        net_dns: Vec<String>,
+        /// An address or CIDR no sandbox may reach, whatever its policy
+        /// (repeatable; the broker's listen address is always refused).
+        #[arg(long = "net-deny", value_name = "ADDR|CIDR")]
+        net_deny: Vec<String>,
     },
     /// Explain what this host supports and which backend `auto` picks.
     Doctor {
@@ -173,6 +187,9 @@ async fn run(cli: Cli) -> Result<i32, String> {
             warm_workers,
             backend,
             guest_kernel,
+            default_egress,
+            net_dns,
+            net_deny,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -187,6 +204,9 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 warm_workers,
                 backend,
                 guest_kernel,
+                default_egress,
+                net_dns,
+                net_deny,
             })
             .await?;
         }

@@ -2,6 +2,7 @@
 use crate::api;
 use crate::sandbox::backend::{self, BackendChoice};
 use crate::sandbox::images::ImageMounts;
+use crate::sandbox::net::{DefaultEgress, NetSettings};
 use crate::sandbox::pool::Pool;
 use crate::sandbox::rootfs::{BlockRoots, FuseRoots, RootFsProvider};
 use crate::sandbox::vm::VmAssets;
@@ -43,6 +44,8 @@ pub struct Ctx {
     pub default_backend: BackendKind,
     /// What vm sandboxes need, or why this server cannot run them.
     pub vm: Result<VmAssets, String>,
+    /// Networking: the default egress, upstream resolvers, the deny list.
+    pub net: NetSettings,
 }
 
 impl Ctx {
@@ -70,6 +73,12 @@ pub struct ServeOptions {
     pub backend: BackendChoice,
     /// The guest kernel (vmlinux) of vm sandboxes.
     pub guest_kernel: Option<PathBuf>,
+    /// `--default-egress`.
+    pub default_egress: DefaultEgress,
+    /// `--net-dns` (empty: the host's resolvers).
+    pub net_dns: Vec<String>,
+    /// `--net-deny`.
+    pub net_deny: Vec<String>,
 }
 
 /// `/var/lib/pvisor` for root, else the user's data directory.
@@ -214,6 +223,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
             o.listen
         ));
     }
+    let net = NetSettings::new(o.default_egress, &o.net_dns, &o.net_deny, o.listen)?;
     let run_dir = run_dir(&o.data_dir)?;
     let sandboxes_dir = o.data_dir.join("sandboxes");
     clean_dir(&run_dir)?;
@@ -305,6 +315,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         cgroup_prefix,
         default_backend,
         vm,
+        net,
     })
 }
 

@@ -1,8 +1,10 @@
 //! The worker filter.
 //!
 //! The per-sandbox worker is a tokio + tonic gRPC server on a Unix socket. By the time it
-//! installs this filter it has spawned its sandbox, and it will never exec, mount or create a
-//! namespace again. It installs the filter with
+//! installs this filter it has spawned its sandbox and its network process (`pvisor-netd`, exec'd
+//! while the worker waited for its configuration), and it will never exec, mount or create a
+//! namespace again. Talking to netd afterwards needs only what a Unix socket does: `sendmsg`
+//! with `SCM_RIGHTS`, `recvfrom`, `poll`, `wait4` to reap it. It installs the filter with
 //! [`apply_to_all_threads`](crate::apply_to_all_threads) (TSYNC), so the tokio worker threads
 //! that already exist are covered too, and threads created later inherit it.
 //!

@@ -4,11 +4,12 @@
 use pvisor_proto::agent::agent_client::AgentClient;
 use pvisor_proto::worker::worker_server::WorkerServer;
 use pvisor_proto::worker::ReadyReply;
-use pvisor_worker::backend::{self, Sandbox};
+use pvisor_worker::backend::{self, NetLink, Sandbox};
 use pvisor_worker::cgroup::{GroupPaths, SANDBOX_LEAF};
 use pvisor_worker::config::{self, Common, WorkerConfig};
 use pvisor_worker::forward::AgentForward;
 use pvisor_worker::launch::{CONFIG_FD, LIFELINE_FD, LISTEN_FD};
+use pvisor_worker::netd::{Netd, NetdError};
 use pvisor_worker::service::{Readiness, WorkerService};
 use pvisor_worker::threads::{filter_of, Thread};
 use pvisor_worker::{agent_link, AGENT_READY_TIMEOUT, SHUTTING_DOWN};
@@ -30,10 +31,9 @@ fn set_cloexec(fd: RawFd) {
     }
 }
 
-/// Joins the cgroup named on the command line, then waits for the
-/// configuration on [`CONFIG_FD`]. Returns None when the pipe closes empty
-/// (the broker retired this warm worker).
-fn join_and_wait() -> Option<(WorkerConfig, Common)> {
+/// Joins the cgroup named on the command line (its `sandbox` leaf, which
+/// the sandbox's init inherits at clone).
+fn join_cgroup() -> Option<GroupPaths> {
     let mut args = std::env::args().skip(1);
     match (args.next().as_deref(), args.next()) {
         (Some("--cgroup"), Some(json)) => {
@@ -41,10 +41,16 @@ fn join_and_wait() -> Option<(WorkerConfig, Common)> {
             if let Err(e) = g.join(SANDBOX_LEAF, std::process::id() as i32) {
                 fail(e);
             }
+            Some(g)
         }
-        (None, _) => {}
+        (None, _) => None,
         _ => fail("usage: pvisor-worker [--cgroup JSON] (configuration on fd 5)"),
     }
+}
+
+/// Waits for the configuration on [`CONFIG_FD`]. Returns None when the pipe
+/// closes empty (the broker retired this warm worker).
+fn wait_config() -> Option<(WorkerConfig, Common)> {
     // SAFETY: the broker passed the read end of the config pipe at CONFIG_FD;
     // nothing else in this process owns it.
     let mut pipe = unsafe { std::fs::File::from_raw_fd(CONFIG_FD) };
@@ -58,12 +64,39 @@ fn join_and_wait() -> Option<(WorkerConfig, Common)> {
     Some(config::decode(&bytes).unwrap_or_else(|e| fail(e)))
 }
 
+/// Hands the sandbox's link to its netd (`netd` is None when the
+/// configuration has no `net`: then there is nothing to do).
+fn connect_network(
+    common: &Common,
+    cfg: &WorkerConfig,
+    netd: Option<std::result::Result<Netd, NetdError>>,
+    link: Option<NetLink>,
+) -> Result<Option<Netd>, String> {
+    let (Some(net), Some(netd)) = (&cfg.net, netd) else { return Ok(None) };
+    let netd = netd.map_err(|e| format!("the sandbox's network: {e}"))?;
+    let link = link.ok_or("the sandbox's network: the backend made no network link")?;
+    netd.start(&common.sandbox_id, link, net).map_err(|e| format!("the sandbox's network: {e}"))?;
+    Ok(Some(netd))
+}
+
 /// `msg`, followed by the sandbox's last console lines when it has any.
 fn with_console(msg: String, sandbox: &dyn Sandbox) -> String {
     match sandbox.console_tail() {
         tail if tail.is_empty() => msg,
         tail => format!("{msg}; console: {tail}"),
     }
+}
+
+/// Moves the sandbox's readiness from Starting to `state`; the first final
+/// state wins (a netd that died first, or the agent's answer).
+fn settle(ready: &watch::Sender<Readiness>, state: Readiness) {
+    ready.send_if_modified(|s| match s {
+        Readiness::Starting => {
+            *s = state;
+            true
+        }
+        _ => false,
+    });
 }
 
 /// Exits the worker when the broker's end of the lifeline closes.
@@ -92,7 +125,13 @@ fn watch_sandbox(sandbox: Arc<dyn Sandbox>) {
 }
 
 fn main() {
-    let Some((cfg, common)) = join_and_wait() else { return };
+    let group = join_cgroup();
+    // Started before the configuration arrives, so a create does not wait
+    // for it; a configuration without `net` drops it.
+    let netd = Netd::spawn(group.as_ref());
+    let Some((cfg, common)) = wait_config() else { return };
+    // Loopback only: the idle netd is killed and reaped.
+    let netd = cfg.net.is_some().then_some(netd);
     let t0 = Instant::now();
     tracing_subscriber::fmt()
         // virtio-queue logs an error per bad notify: a guest could fill the
@@ -114,12 +153,18 @@ fn main() {
     let sync = backend.as_ref().is_ok_and(|b| b.sync_filter());
     let started = backend.and_then(|b| b.start(&common, &cfg));
     let t_started = t0.elapsed();
-    let (sandbox, initial) = match started {
-        // TODO(issue 9): hand `net_link` to the sandbox's netd.
-        Ok(s) => (Some(Arc::<dyn Sandbox>::from(s.sandbox)), Readiness::Starting),
+    let (sandbox, initial, netd) = match started {
+        Ok(s) => match connect_network(&common, &cfg, netd, s.net_link) {
+            Ok(netd) => (Some(Arc::<dyn Sandbox>::from(s.sandbox)), Readiness::Starting, netd),
+            Err(e) => {
+                tracing::error!(sandbox = %common.sandbox_id, "{e}");
+                s.sandbox.kill();
+                (None, Readiness::Failed(e), None)
+            }
+        },
         Err(e) => {
             tracing::error!(sandbox = %common.sandbox_id, "{e}");
-            (None, Readiness::Failed(e.to_string()))
+            (None, Readiness::Failed(e.to_string()), None)
         }
     };
     // The main thread's filter, inherited by the watcher threads below.
@@ -131,12 +176,20 @@ fn main() {
     }
     tracing::debug!(started = ?t_started, seccomp = ?t0.elapsed(), "worker start-up");
     watch_lifeline(LIFELINE_FD, sandbox.clone());
+    let (ready_tx, ready_rx) = watch::channel(initial);
+    let netd = netd.map(|mut n| {
+        // A netd that dies before the sandbox is ready fails the start.
+        let ready = ready_tx.clone();
+        n.watch(move |how| {
+            settle(&ready, Readiness::Failed(format!("the sandbox's network process {how}")));
+        });
+        Arc::new(n)
+    });
     if let Some(sb) = &sandbox {
         watch_sandbox(sb.clone());
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
     rt.block_on(async move {
-        let (ready_tx, ready_rx) = watch::channel(initial);
         // SAFETY: the broker passed a listening Unix socket at this fd number,
         // owned by nobody else in this process.
         let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(LISTEN_FD) };
@@ -146,7 +199,7 @@ fn main() {
             .register_encoded_file_descriptor_set(pvisor_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
             .unwrap_or_else(|e| fail(e));
-        let svc = WorkerService::new(sandbox.clone(), ready_rx, common.cgroup.clone(), common.limits);
+        let svc = WorkerService::new(sandbox.clone(), netd, ready_rx, common.cgroup.clone(), common.limits);
         let mut router =
             tonic::transport::Server::builder().add_service(WorkerServer::new(svc)).add_service(reflection);
         if let Some(sb) = sandbox.clone() {
@@ -172,11 +225,11 @@ fn main() {
                                 sb.as_ref(),
                             )),
                         };
-                        let _ = ready_tx.send(state);
+                        settle(&ready_tx, state);
                     });
                 }
                 Err(e) => {
-                    let _ = ready_tx.send(Readiness::Failed(with_console(e.to_string(), sb.as_ref())));
+                    settle(&ready_tx, Readiness::Failed(with_console(e.to_string(), sb.as_ref())));
                 }
             }
         }

@@ -2,6 +2,7 @@
 use crate::backend::Sandbox;
 use crate::cgroup::GroupPaths;
 use crate::config::Limits;
+use crate::netd::{Netd, NetdError};
 use pvisor_proto::worker::worker_server::Worker;
 use pvisor_proto::worker::{Empty, MetricsReply, ReadyReply};
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,8 @@ pub enum Readiness {
 
 pub struct WorkerService {
     pub sandbox: Option<Arc<dyn Sandbox>>,
+    /// The sandbox's network process, when the sandbox has a network.
+    pub netd: Option<Arc<Netd>>,
     pub ready: watch::Receiver<Readiness>,
     pub cgroup: Option<GroupPaths>,
     pub limits: Limits,
@@ -28,16 +31,34 @@ pub struct WorkerService {
 impl WorkerService {
     pub fn new(
         sandbox: Option<Arc<dyn Sandbox>>,
+        netd: Option<Arc<Netd>>,
         ready: watch::Receiver<Readiness>,
         cgroup: Option<GroupPaths>,
         limits: Limits,
     ) -> Self {
         let used = cgroup.as_ref().and_then(|g| g.cpu_usage_us()).unwrap_or(0);
-        WorkerService { sandbox, ready, cgroup, limits, cpu_sample: Mutex::new((Instant::now(), used)) }
+        WorkerService { sandbox, netd, ready, cgroup, limits, cpu_sample: Mutex::new((Instant::now(), used)) }
     }
 
     fn sandbox(&self) -> Result<Arc<dyn Sandbox>, Status> {
         self.sandbox.clone().ok_or_else(|| Status::failed_precondition("the sandbox did not start"))
+    }
+
+    fn netd(&self) -> Result<Arc<Netd>, Status> {
+        self.sandbox()?;
+        self.netd.clone().ok_or_else(|| Status::failed_precondition("the sandbox has no network"))
+    }
+}
+
+/// A netd request's outcome as a gRPC status: a netd that is gone or hung
+/// is UNAVAILABLE (the sandbox's network is lost, not the request's fault).
+fn netd_status<T>(r: Result<crate::netd::Result<T>, tokio::task::JoinError>) -> Result<T, Status> {
+    match r {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e @ (NetdError::Gone(_) | NetdError::Timeout))) => Err(Status::unavailable(e.to_string())),
+        Ok(Err(e @ NetdError::Refused(_))) => Err(Status::invalid_argument(e.to_string())),
+        Ok(Err(e)) => Err(Status::internal(e.to_string())),
+        Err(e) => Err(Status::internal(e.to_string())),
     }
 }
 
@@ -106,12 +127,18 @@ impl Worker for WorkerService {
         Ok(Response::new(Empty {}))
     }
 
-    async fn set_egress_policy(&self, _: Request<pvisor_proto::net::EgressPolicy>) -> Result<Response<Empty>, Status> {
-        // SKELETON (issue 9): accepted and dropped until netd is wired in.
+    async fn set_egress_policy(
+        &self,
+        req: Request<pvisor_proto::net::EgressPolicy>,
+    ) -> Result<Response<Empty>, Status> {
+        let netd = self.netd()?;
+        let policy = req.into_inner();
+        netd_status(tokio::task::spawn_blocking(move || netd.set_policy(&policy)).await)?;
         Ok(Response::new(Empty {}))
     }
 
     async fn net_stats(&self, _: Request<Empty>) -> Result<Response<pvisor_proto::net::NetStats>, Status> {
-        Ok(Response::new(pvisor_proto::net::NetStats::default()))
+        let netd = self.netd()?;
+        Ok(Response::new(netd_status(tokio::task::spawn_blocking(move || netd.stats()).await)?))
     }
 }

@@ -15,7 +15,8 @@ pub enum Thread {
     Api,
     /// Waits on the broker's lifeline pipe.
     Lifeline,
-    /// Waits for the sandbox to end.
+    /// Waits for the sandbox to end; the same role reaps the sandbox's netd
+    /// (`netd::Netd::watch`).
     Waiter,
     /// Runs one vCPU (vm).
     Vcpu,
@@ -41,7 +42,11 @@ pub const COMMON: [ThreadFilter; 3] = [
         why: "installed by the main thread once the sandbox runs; the watchers it spawns inherit it",
     },
     ThreadFilter { thread: Thread::Lifeline, filter: FilterKind::Worker, why: "inherited from the main thread" },
-    ThreadFilter { thread: Thread::Waiter, filter: FilterKind::Worker, why: "inherited from the main thread" },
+    ThreadFilter {
+        thread: Thread::Waiter,
+        filter: FilterKind::Worker,
+        why: "inherited from the main thread (the sandbox's waiter and netd's)",
+    },
 ];
 
 /// The filter `thread` runs under in a backend's table.

@@ -1,9 +1,11 @@
 //! Lifecycle API handlers (`/v1/sandboxes...`).
+use super::egress;
 use super::error::{parse_json, ApiError, ApiResult};
 use super::limits;
 use super::models::*;
 use super::query::Query;
 use crate::sandbox::backend;
+use crate::sandbox::egress::with_policy_locked;
 use crate::sandbox::launch::{self, LaunchSpec};
 use crate::sandbox::record::rfc3339;
 use crate::sandbox::teardown::teardown;
@@ -15,6 +17,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use pvisor_net::policy::Policy;
 use pvisor_proto::agent::AgentConfig;
 use pvisor_proto::worker::worker_client::WorkerClient;
 use std::collections::BTreeMap;
@@ -138,8 +141,13 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     if req.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(unsupported_field("volumes"));
     }
-    if req.network_policy.is_some() {
-        return Err(unsupported_field("networkPolicy"));
+    let policy = req.network_policy.as_ref().map(Policy::from_json).transpose().map_err(egress::create_error)?;
+    if req.credential_proxy.as_ref().and_then(|c| c.get("enabled")).and_then(|e| e.as_bool()) == Some(true) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "CREDENTIAL_PROXY_UNSUPPORTED",
+            "credentialProxy (the credential vault) is not supported by this server yet",
+        ));
     }
     if req.lifecycle.is_some() {
         return Err(unsupported_field("lifecycle"));
@@ -195,13 +203,16 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "IMAGE_SERVE_FAILED", e))?;
-    let spec = LaunchSpec { id: id.clone(), root, limits, agent };
+    let policy = ctx.net.initial_policy(policy);
+    let net = policy.as_ref().map(|p| ctx.net.config(p));
+    let spec = LaunchSpec { id: id.clone(), root, limits, agent, net };
     let (runtime, child) = launch::launch(&ctx, &spec).await?;
     let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
     let log = runtime.log.clone();
     let entry = Arc::new(
         SandboxEntry::new(id, new_token(), image.uri.clone(), entrypoint, expires_at, metadata, runtime)
-            .with_image_id(image_id),
+            .with_image_id(image_id)
+            .with_egress(policy),
     );
     ctx.registry.insert(entry.clone());
     launch::monitor(entry.clone(), child, log);
@@ -329,27 +340,32 @@ pub async fn endpoint(
     Ok(Json(EndpointView { endpoint, headers }))
 }
 
-async fn worker_call(ctx: &Ctx, id: &str, pause: bool) -> ApiResult<Arc<SandboxEntry>> {
+/// Pauses or resumes through the worker, the egress policy locked (see
+/// [`crate::sandbox::egress`]): a resumed sandbox's netd gets the policy
+/// again, edits made while it was paused included.
+async fn worker_call(ctx: &Ctx, id: &str, pause: bool) -> ApiResult<()> {
     let e = lookup(ctx, id)?;
-    let mut client = WorkerClient::new(e.channel()?);
-    let r = if pause {
-        client.pause(pvisor_proto::worker::Empty {}).await
-    } else {
-        client.resume(pvisor_proto::worker::Empty {}).await
+    let call = async {
+        let mut client = WorkerClient::new(e.channel()?);
+        let r = if pause {
+            client.pause(pvisor_proto::worker::Empty {}).await
+        } else {
+            client.resume(pvisor_proto::worker::Empty {}).await
+        };
+        r.map_err(ApiError::from)?;
+        e.transition_live(if pause { SbState::Paused } else { SbState::Running });
+        Ok(())
     };
-    r.map_err(ApiError::from)?;
-    Ok(e)
+    with_policy_locked(&e, !pause, call).await
 }
 
 pub async fn pause(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let e = worker_call(&ctx, &id, true).await?;
-    e.transition_live(SbState::Paused);
+    worker_call(&ctx, &id, true).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
 pub async fn resume(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let e = worker_call(&ctx, &id, false).await?;
-    e.transition_live(SbState::Running);
+    worker_call(&ctx, &id, false).await?;
     Ok(StatusCode::ACCEPTED)
 }
 

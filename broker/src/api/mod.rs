@@ -1,9 +1,11 @@
 //! The HTTP surface: the OpenSandbox lifecycle API under `/v1`, the execd data
 //! plane under `/sandboxes/{id}/proxy/{port}` (direct, token only) and
 //! `/v1/sandboxes/{id}/proxy/{port}` (server proxy, API key and token), and
-//! a small pvisor admin API for the CLI.
+//! a small pvisor admin API for the CLI. Port 18080 of the data plane and
+//! `/v1/sandboxes/{id}/networkpolicy` are the egress policy API ([`egress`]).
 pub mod admin;
 pub mod auth;
+pub mod egress;
 pub mod error;
 pub mod lifecycle;
 pub mod limits;
@@ -47,6 +49,10 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/sandboxes/{id}/pause", post(lifecycle::pause))
         .route("/sandboxes/{id}/resume", post(lifecycle::resume))
         .route("/sandboxes/{id}/metadata", axum::routing::patch(lifecycle::patch_metadata))
+        .route(
+            "/sandboxes/{id}/networkpolicy",
+            get(egress::lifecycle).put(egress::lifecycle).patch(egress::lifecycle).delete(egress::lifecycle),
+        )
         .route("/sandboxes/{id}/snapshots", any(lifecycle::unsupported))
         .route("/snapshots", any(lifecycle::unsupported))
         .route("/templates", any(lifecycle::unsupported))

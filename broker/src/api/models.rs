@@ -37,8 +37,12 @@ pub struct CreateSandboxRequest {
     pub metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
     pub volumes: Option<Vec<serde_json::Value>>,
+    /// The OpenSandbox egress policy (`pvisor_net::policy::api` parses it).
     #[serde(default)]
     pub network_policy: Option<serde_json::Value>,
+    /// The credential vault opt-in (`{"enabled": true}`): not supported yet.
+    #[serde(default)]
+    pub credential_proxy: Option<serde_json::Value>,
     #[serde(default)]
     pub lifecycle: Option<serde_json::Value>,
     /// Opaque to OpenSandbox; pvisor reads `pvisor.io/backend` (`ns`, `vm`).

@@ -2,8 +2,9 @@
 //!
 //! `/sandboxes/{id}/proxy/{port}/...` (direct) and the same under `/v1`
 //! (server proxy) land in [`dispatch`]: it checks the sandbox's data-plane
-//! token, then serves port 44772 with the execd API below and tunnels any
-//! other port to `127.0.0.1:port` inside the sandbox ([`proxy`]).
+//! token, then serves port 44772 with the execd API below, port 18080 with
+//! the egress policy API (the broker's own, [`crate::api::egress`]), and
+//! tunnels any other port to `127.0.0.1:port` inside the sandbox ([`proxy`]).
 pub mod command;
 pub mod fileinfo;
 pub mod files;
@@ -13,6 +14,7 @@ pub mod session;
 pub mod sse;
 
 use crate::api::auth::constant_time_eq;
+use crate::api::egress::{self, EGRESS_AUTH_HEADER, EGRESS_PORT};
 use crate::api::error::{ApiError, ApiResult};
 use crate::api::lifecycle::{EXECD_PORT, TOKEN_HEADER};
 use crate::sandbox::SandboxEntry;
@@ -93,8 +95,11 @@ pub fn dispatch_router(_ctx: Arc<Ctx>) -> Router<Arc<Ctx>> {
         .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(handler))
 }
 
-fn check_token(sb: &SandboxEntry, req: &Request) -> ApiResult<()> {
-    match req.headers().get(TOKEN_HEADER) {
+/// The data-plane token; on the egress port also under the sidecar's name.
+fn check_token(sb: &SandboxEntry, req: &Request, egress: bool) -> ApiResult<()> {
+    let token = req.headers().get(TOKEN_HEADER);
+    let token = if egress { token.or_else(|| req.headers().get(EGRESS_AUTH_HEADER)) } else { token };
+    match token {
         None => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "MISSING_ACCESS_TOKEN",
@@ -112,14 +117,17 @@ async fn dispatch(ctx: Arc<Ctx>, inner: Router, p: HashMap<String, String>, mut 
     let Some(sb) = ctx.registry.get(&id) else {
         return ApiError::sandbox_not_found(&id).into_response();
     };
-    if let Err(e) = check_token(&sb, &req) {
+    let port = p.get("port").and_then(|s| s.parse::<u16>().ok()).filter(|p| *p > 0);
+    if let Err(e) = check_token(&sb, &req, port == Some(EGRESS_PORT)) {
         return e.into_response();
     }
-    let port = match p.get("port").and_then(|s| s.parse::<u16>().ok()).filter(|p| *p > 0) {
-        Some(port) => port,
-        None => return ApiError::bad_request("invalid port").into_response(),
+    let Some(port) = port else {
+        return ApiError::bad_request("invalid port").into_response();
     };
     let rest = p.get("rest").cloned().unwrap_or_default();
+    if port == EGRESS_PORT {
+        return egress::sidecar(sb, &rest, req).await;
+    }
     if port != EXECD_PORT {
         return proxy::forward(sb, port, &rest, req).await;
     }

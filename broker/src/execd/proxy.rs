@@ -1,6 +1,7 @@
 //! Forwarding HTTP to a port inside the sandbox, through an agent tunnel.
 use super::agent;
 use crate::api::auth::API_KEY_HEADER;
+use crate::api::egress::EGRESS_AUTH_HEADER;
 use crate::api::error::ApiError;
 use crate::api::lifecycle::TOKEN_HEADER;
 use crate::sandbox::SandboxEntry;
@@ -15,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::wrappers::ReceiverStream;
 
 /// Request headers that belong to this hop or to pvisor, not to the app.
-const STRIP: [&str; 10] = [
+const STRIP: [&str; 11] = [
     "connection",
     "keep-alive",
     "proxy-authenticate",
@@ -26,6 +27,7 @@ const STRIP: [&str; 10] = [
     "upgrade",
     TOKEN_HEADER,
     API_KEY_HEADER,
+    EGRESS_AUTH_HEADER,
 ];
 
 fn backend_failed(msg: impl Into<String>) -> Response {

@@ -26,6 +26,8 @@ pub struct LaunchSpec {
     pub root: RootFs,
     pub limits: Limits,
     pub agent: AgentConfig,
+    /// `WorkerConfig.net`: the network, or `None` for loopback only.
+    pub net: Option<pvisor_proto::net::NetConfig>,
 }
 
 /// The limits of the sandbox's whole group. A vm's guest RAM is the memory
@@ -83,6 +85,7 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
             // The ns init sets it; a guest gets it on its kernel command line.
             hostname: format!("sandbox-{}", &spec.id[..8.min(spec.id.len())]),
             agent: Some(spec.agent.clone()),
+            net: spec.net.clone(),
             backend: Some(backend),
         };
         pvisor_worker::launch::send_config(config, &cfg).map_err(|e| format!("configure worker: {e}"))

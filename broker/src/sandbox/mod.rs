@@ -1,9 +1,11 @@
 //! Sandboxes as the broker sees them: records, the registry, launching a
 //! worker, tearing one down and expiring them.
 pub mod backend;
+pub mod egress;
 pub mod expiry;
 pub mod images;
 pub mod launch;
+pub mod net;
 pub mod pool;
 pub mod record;
 pub mod registry;

@@ -2,6 +2,7 @@
 //! runtime handles (gone once torn down).
 use crate::api::error::ApiError;
 use chrono::{DateTime, SecondsFormat, Utc};
+use pvisor_net::policy::Policy;
 use pvisor_worker::cgroup::GroupPaths;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -68,12 +69,22 @@ pub struct SandboxEntry {
     runtime: Mutex<Option<Runtime>>,
     /// Set when the broker itself ends the sandbox (delete, expiry).
     deleting: AtomicBool,
+    /// The egress policy (`None`: no network, loopback only). The broker owns
+    /// it; the lock is held across a push to the worker, so edits, pause and
+    /// resume apply in one order (see [`super::egress`]).
+    pub egress: tokio::sync::Mutex<Option<Policy>>,
 }
 
 impl SandboxEntry {
     /// Records the pool id of the sandbox's image.
     pub fn with_image_id(mut self, image_id: String) -> Self {
         self.image_id = image_id;
+        self
+    }
+
+    /// Records the sandbox's egress policy (`None`: no network).
+    pub fn with_egress(mut self, policy: Option<Policy>) -> Self {
+        self.egress = tokio::sync::Mutex::new(policy);
         self
     }
 
@@ -104,6 +115,7 @@ impl SandboxEntry {
             }),
             runtime: Mutex::new(Some(runtime)),
             deleting: AtomicBool::new(false),
+            egress: tokio::sync::Mutex::new(None),
         }
     }
 

@@ -23,6 +23,9 @@ pub struct InitArgs {
     pub upper: PathBuf,
     pub work: PathBuf,
     pub hostname: String,
+    /// With a network: the init's end of the socketpair the tap's fd
+    /// goes over (see super::link).
+    pub link_sock: Option<OwnedFd>,
     pub argv: Vec<CString>,
     pub env: Vec<CString>,
 }
@@ -39,6 +42,8 @@ pub fn child_main(a: &InitArgs) -> isize {
 
 fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(|e| format!("pdeathsig: {e}"))?;
+    // The tap first: /dev/net/tun is opened with the worker's host identity.
+    let tap = a.link_sock.as_ref().map(|_| super::link::create_tap()).transpose()?;
     // Open the layers while still holding the worker's host identity (the
     // sandbox's root may not be able to traverse the data directory's
     // parents) and already inside the new mount namespace (overlayfs only
@@ -66,13 +71,19 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     // (our parent is outside our pid namespace, so getppid() cannot tell
     // whether it went in between; the broker's cgroup sweep covers that).
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(|e| format!("pdeathsig: {e}"))?;
+    // Root of the namespace now, which owns its network sysctls: eth0 is
+    // configured and handed over (the socket itself is close-on-exec).
+    if let (Some(tap), Some(sock)) = (tap, &a.link_sock) {
+        super::link::configure_and_send(tap, sock)?;
+    }
     // A session of its own: no controlling terminal shared with the host.
     nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
     // The worker has moved us into the sandbox leaf: root the cgroup namespace there.
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).map_err(|e| format!("cgroup namespace: {e}"))?;
     let fd_path = |fd: &OwnedFd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
     let (lower, upper, work) = (fd_path(&layers[0]), fd_path(&layers[1]), fd_path(&layers[2]));
-    mounts::setup(&RootfsSpec { lower: &lower, upper: &upper, work: &work, hostname: &a.hostname })?;
+    mounts::setup(&RootfsSpec { lower: &lower, upper: &upper, work: &work })?;
+    super::etc::write(&super::etc::EtcFiles { hostname: &a.hostname, net: a.link_sock.is_some() })?;
     sethostname(&a.hostname).map_err(|e| format!("sethostname: {e}"))?;
     pvisor_net::iface::loopback_up().map_err(|e| format!("loopback: {e}"))?;
     nix::unistd::dup2(a.agent_sock.as_raw_fd(), AGENT_FD).map_err(|e| format!("dup2: {e}"))?;

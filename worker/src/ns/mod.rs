@@ -6,15 +6,19 @@
 //! * [`init`]: the child side — identity, cgroup namespace, root filesystem,
 //!   hostname, loopback, capabilities, seccomp, exec of the agent.
 //! * [`mounts`]: the root filesystem (overlay, /proc, /dev, /tmp, pivot_root).
-
+//! * [`etc`]: `/etc/hostname`, `/etc/hosts`, `/etc/resolv.conf`, written
+//!   without following the image's symlinks.
+//! * [`link`]: with a network, the tap `eth0` the init creates in the new
+//!   network namespace and hands to the worker (for netd).
 //! * [`freeze`]: pausing by the cgroup freezer.
+pub mod etc;
 pub mod freeze;
 pub mod init;
+pub mod link;
 pub mod mounts;
-
 pub mod spawn;
 
-use crate::backend::{Backend, Sandbox, SandboxExit, Started};
+use crate::backend::{Backend, NetLink, Sandbox, SandboxExit, Started};
 use crate::config::{BackendConfig, Common, WorkerConfig};
 use crate::error::{Result, WorkerError};
 use crate::threads::{ThreadFilter, COMMON};
@@ -32,9 +36,14 @@ impl Backend for NsBackend {
         let Some(BackendConfig::Ns(ns)) = &cfg.backend else {
             return Err(WorkerError::Config("the ns backend needs an ns part".into()));
         };
-        let (pid, connections) = spawn::start(common, ns)?;
-        let sandbox = Box::new(NsSandbox { pid, connections, freeze: FreezeScope::new(common.cgroup.clone()) });
-        Ok(Started { sandbox, net_link: None })
+        let s = spawn::start(common, ns, cfg.net.is_some())?;
+        let sandbox = Box::new(NsSandbox {
+            pid: s.pid,
+            connections: s.connections,
+            freeze: FreezeScope::new(common.cgroup.clone()),
+        });
+        let net_link = s.tap.map(|fd| NetLink { fd, kind: pvisor_proto::net::LinkKind::LinkTap });
+        Ok(Started { sandbox, net_link })
     }
 
     fn threads(&self) -> &'static [ThreadFilter] {

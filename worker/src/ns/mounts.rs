@@ -15,7 +15,6 @@ pub struct RootfsSpec<'a> {
     pub lower: &'a Path,
     pub upper: &'a Path,
     pub work: &'a Path,
-    pub hostname: &'a str,
 }
 
 /// Device nodes bind-mounted from the host (a user namespace cannot mknod).
@@ -97,14 +96,6 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
     nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
-    // Only now, with the sandbox as `/`: the image controls /etc, and a
-    // symlink there must resolve inside the sandbox, never on the host.
-    if Path::new("/etc").is_dir() {
-        let _ = fs::write("/etc/hostname", format!("{}\n", s.hostname));
-        let _ = fs::write(
-            "/etc/hosts",
-            format!("127.0.0.1\tlocalhost {0}\n::1\tlocalhost ip6-localhost {0}\n", s.hostname),
-        );
-    }
+    // Only now, with the sandbox as `/`, may /etc be written (super::etc).
     Ok(())
 }

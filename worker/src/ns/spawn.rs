@@ -51,10 +51,19 @@ fn read_to_end(fd: &OwnedFd) -> String {
     String::from_utf8_lossy(&msg).into_owned()
 }
 
-/// Clones the sandbox init and waits until it has exec'd the agent.
-/// Returns the init's host pid and the worker's end of the agent's
-/// connection socket.
-pub fn start(common: &Common, ns: &NsConfig) -> Result<(i32, OwnedFd)> {
+/// What [`start`] started.
+pub struct Spawned {
+    /// The init's host pid.
+    pub pid: i32,
+    /// The worker's end of the agent's connection socket.
+    pub connections: OwnedFd,
+    /// With `net`: the tap `eth0` the init created in the sandbox's network namespace.
+    pub tap: Option<OwnedFd>,
+}
+
+/// Clones the sandbox init and waits until it has exec'd the agent. With
+/// `net`, the init creates the sandbox's tap first and sends it here.
+pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
     let ids: IdMap = ns.ids.ok_or_else(|| WorkerError::Config("ns: ids missing".into()))?.into();
     let state_dir = Path::new(&ns.state_dir);
     let agent_path = Path::new(&ns.agent_path);
@@ -73,6 +82,14 @@ pub fn start(common: &Common, ns: &NsConfig) -> Result<(i32, OwnedFd)> {
         .map_err(|e| WorkerError::sys("socketpair", e))?;
     let (go_rd, go_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| WorkerError::sys("pipe", e))?;
     let (err_rd, err_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| WorkerError::sys("pipe", e))?;
+    let link = match net {
+        true => Some(
+            socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+                .map_err(|e| WorkerError::sys("socketpair", e))?,
+        ),
+        false => None,
+    };
+    let (link_ours, link_theirs) = link.unzip();
     let agent_exe: OwnedFd = fs::File::open(agent_path)
         .map_err(|e| WorkerError::sys(format!("open agent {}", agent_path.display()), e))?
         .into();
@@ -85,6 +102,7 @@ pub fn start(common: &Common, ns: &NsConfig) -> Result<(i32, OwnedFd)> {
         upper,
         work,
         hostname: common.hostname.clone(),
+        link_sock: link_theirs,
         argv: vec![cstr("pvisor-agent")?, cstr("--fd")?, cstr(&AGENT_FD.to_string())?],
         // The configuration arrives over the first connection (Agent.Configure).
         env: vec![cstr("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")?],
@@ -102,8 +120,8 @@ pub fn start(common: &Common, ns: &NsConfig) -> Result<(i32, OwnedFd)> {
     let pid =
         unsafe { nix::sched::clone(Box::new(|| init::child_main(&args)), &mut stack, flags, Some(libc::SIGCHLD)) }
             .map_err(|e| WorkerError::sys("clone", e))?;
-    let InitArgs { go, err, agent_sock, .. } = args;
-    drop((go, err, agent_sock));
+    let InitArgs { go, err, agent_sock, link_sock, .. } = args;
+    drop((go, err, agent_sock, link_sock));
     let pid = pid.as_raw();
     let t = std::time::Instant::now();
     let release = || -> Result<()> {
@@ -131,5 +149,14 @@ pub fn start(common: &Common, ns: &NsConfig) -> Result<(i32, OwnedFd)> {
         return Err(WorkerError::Start(msg));
     }
     tracing::debug!(exec = ?t.elapsed(), "agent exec'd");
-    Ok((pid, ours))
+    // Sent before the exec, so it is queued on the socket by now.
+    let tap = match &link_ours {
+        Some(sock) => Some(super::link::receive(sock).map_err(|e| {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+            WorkerError::Start(e)
+        })?),
+        None => None,
+    };
+    Ok(Spawned { pid, connections: ours, tap })
 }
