@@ -28,10 +28,15 @@ pub fn jail() -> Result<(), Error> {
     }
     let (uid, gid) = (getuid(), getgid());
     unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS).map_err(jail_err("unshare user+mount namespace"))?;
-    let write = |path: &str, s: String| fs::write(path, s).map_err(|e| Error::Jail(format!("{path}: {e}")));
-    write("/proc/self/setgroups", "deny".into())?;
-    write("/proc/self/uid_map", format!("0 {uid} 1"))?;
-    write("/proc/self/gid_map", format!("0 {gid} 1"))?;
+    // Map netd's own ids, where the kernel lets it: mapping host root needs
+    // CAP_SETFCAP, which a worker-spawned netd (no capabilities) lacks. The
+    // jail needs no mapping (nothing below creates files or changes ids), so
+    // an unmapped netd runs as the overflow id inside, which is fine.
+    let write = |path: &str, s: String| fs::write(path, s);
+    if write("/proc/self/setgroups", "deny".into()).is_ok() && write("/proc/self/uid_map", format!("0 {uid} 1")).is_ok()
+    {
+        let _ = write("/proc/self/gid_map", format!("0 {gid} 1"));
+    }
 
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .map_err(jail_err("make mounts private"))?;

@@ -30,8 +30,6 @@ pub mod stack;
 pub mod tcp;
 pub mod udp;
 
-mod standin;
-
 pub use error::Error;
 pub use judge::{Judge, Verdict};
 pub use limits::Limits;

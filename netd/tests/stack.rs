@@ -12,16 +12,6 @@ use smoltcp::socket::tcp;
 
 const DENIED: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 7);
 
-fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
-    let mut q = vec![(id >> 8) as u8, id as u8, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
-    for label in name.split('.') {
-        q.push(label.len() as u8);
-        q.extend_from_slice(label.as_bytes());
-    }
-    q.extend_from_slice(&[0, (qtype >> 8) as u8, qtype as u8, 0, 1]);
-    q
-}
-
 #[test]
 fn arp_for_the_gateway_and_the_resolver_is_answered() {
     let netd = Netd::start(NetConfig::default(), vec![]);

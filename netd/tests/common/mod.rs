@@ -17,7 +17,7 @@ use smoltcp::iface::{Config, Interface, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, HardwareAddress, IpAddress,
-    IpCidr, IpProtocol, Ipv4Packet, UdpPacket,
+    IpCidr, IpProtocol, Ipv4Packet, TcpPacket, TcpSeqNumber, UdpPacket,
 };
 
 /// Give up on a condition after this long (a hang guard, not a timing assertion).
@@ -46,30 +46,26 @@ impl Judge for TestJudge {
     }
 }
 
-/// netd running on one end of a frame pipe.
-pub struct Netd {
-    pub guest: OwnedFd,
-    pub asked: Asked,
-    thread: Option<JoinHandle<()>>,
+/// A DNS question (header with RD, one question of `qtype`, class IN).
+pub fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
+    let mut q = vec![(id >> 8) as u8, id as u8, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, (qtype >> 8) as u8, qtype as u8, 0, 1]);
+    q
 }
 
-impl Netd {
-    pub fn start(config: NetConfig, allow: Vec<Ipv4Addr>) -> Netd {
-        let (guest, link) =
-            socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).expect("socketpair");
-        let asked: Asked = Arc::default();
-        let judge = TestJudge { allow, asked: asked.clone() };
-        let thread = std::thread::spawn(move || {
-            let mut stack = Stack::new(link, &config, Box::new(judge), &[]).expect("stack");
-            loop {
-                let turn = stack.turn().expect("turn");
-                if turn.link_closed {
-                    return;
-                }
-            }
-        });
+/// The guest end of a frame pipe, for raw frames.
+pub struct Frames {
+    pub guest: OwnedFd,
+}
+
+impl Frames {
+    pub fn new(guest: OwnedFd) -> Frames {
         set_nonblocking(&guest);
-        Netd { guest, asked, thread: Some(thread) }
+        Frames { guest }
     }
 
     pub fn send(&self, frame: &[u8]) {
@@ -96,12 +92,45 @@ impl Netd {
             }
         }
     }
+}
+
+/// netd running on one end of a frame pipe.
+pub struct Netd {
+    pub frames: Frames,
+    pub asked: Asked,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::ops::Deref for Netd {
+    type Target = Frames;
+    fn deref(&self) -> &Frames {
+        &self.frames
+    }
+}
+
+impl Netd {
+    pub fn start(config: NetConfig, allow: Vec<Ipv4Addr>) -> Netd {
+        let (guest, link) =
+            socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).expect("socketpair");
+        let asked: Asked = Arc::default();
+        let judge = TestJudge { allow, asked: asked.clone() };
+        let thread = std::thread::spawn(move || {
+            let mut stack = Stack::new(link, &config, Box::new(judge), &[]).expect("stack");
+            loop {
+                let turn = stack.turn().expect("turn");
+                if turn.link_closed {
+                    return;
+                }
+            }
+        });
+        Netd { frames: Frames::new(guest), asked, thread: Some(thread) }
+    }
 
     /// Stops netd (closing the link ends its loop) and waits for it. Every
     /// clone of the guest end must be gone first.
     pub fn stop(self) {
-        let Netd { guest, thread, .. } = self;
-        drop(guest);
+        let Netd { frames, thread, .. } = self;
+        drop(frames);
         if let Some(t) = thread {
             t.join().expect("netd thread");
         }
@@ -109,7 +138,7 @@ impl Netd {
 
     /// A second handle on the guest end (for a smoltcp guest).
     pub fn guest_fd(&self) -> OwnedFd {
-        self.guest.try_clone().expect("dup")
+        self.frames.guest.try_clone().expect("dup")
     }
 }
 
@@ -190,6 +219,44 @@ pub fn udp_frame(src_port: u16, dst: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
     udp.payload_mut().copy_from_slice(payload);
     udp.fill_checksum(&IpAddress::Ipv4(plan::SANDBOX_IP), &IpAddress::Ipv4(*dst.ip()));
     f
+}
+
+/// A TCP SYN from the guest's `src_port` to `dst` with sequence number `seq`.
+pub fn syn_frame(src_port: u16, dst: SocketAddrV4, seq: u32) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + 20];
+    let mut eth = EthernetFrame::new_unchecked(&mut f[..]);
+    eth.set_dst_addr(EthernetAddress(plan::GATEWAY_MAC));
+    eth.set_src_addr(GUEST_MAC);
+    eth.set_ethertype(EthernetProtocol::Ipv4);
+    let mut ip = Ipv4Packet::new_unchecked(&mut f[14..]);
+    ip.set_version(4);
+    ip.set_header_len(20);
+    ip.set_total_len(40);
+    ip.set_hop_limit(64);
+    ip.set_next_header(IpProtocol::Tcp);
+    ip.set_src_addr(plan::SANDBOX_IP);
+    ip.set_dst_addr(*dst.ip());
+    ip.fill_checksum();
+    let mut tcp = TcpPacket::new_unchecked(&mut f[34..]);
+    tcp.set_src_port(src_port);
+    tcp.set_dst_port(dst.port());
+    tcp.set_seq_number(TcpSeqNumber(seq as i32));
+    tcp.set_header_len(20);
+    tcp.clear_flags();
+    tcp.set_syn(true);
+    tcp.set_window_len(65535);
+    tcp.fill_checksum(&IpAddress::Ipv4(plan::SANDBOX_IP), &IpAddress::Ipv4(*dst.ip()));
+    f
+}
+
+/// The acknowledgment number of a RST|ACK to the guest in `frame`.
+pub fn rst_to_guest(frame: &[u8]) -> Option<u32> {
+    let ip = Ipv4Packet::new_checked(frame.get(14..)?).ok()?;
+    if ip.next_header() != IpProtocol::Tcp {
+        return None;
+    }
+    let tcp = TcpPacket::new_checked(&frame[14 + ip.header_len() as usize..]).ok()?;
+    (tcp.rst() && tcp.ack()).then(|| tcp.ack_number().0 as u32)
 }
 
 /// The UDP datagram in `frame` to the guest: (source, destination port, payload).
