@@ -54,6 +54,11 @@ impl Net {
         &self.config
     }
 
+    /// The features the driver acked.
+    pub fn acked_features(&self) -> u64 {
+        self.acked
+    }
+
     /// The counters so far.
     pub fn counters(&self) -> NetCounters {
         self.state.counters
