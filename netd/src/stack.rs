@@ -353,7 +353,11 @@ impl Stack {
                 }
                 self.dev.recycle(buf);
             }
-            // ICMP echo is not forwarded (yet): dropped, like every other frame.
+            // Pings of netd's own addresses: smoltcp answers them.
+            Ingress::IcmpEcho { dst, .. } if dst == plan::GATEWAY_IP || dst == plan::DNS_IP => {
+                self.dev.push_rx(buf, n);
+            }
+            // ICMP echo elsewhere is not forwarded (yet): dropped, like every other frame.
             _ => self.dev.recycle(buf),
         }
         Ok(())

@@ -12,6 +12,9 @@ use smoltcp::iface::{SocketHandle, SocketSet};
 use smoltcp::socket::tcp::{self, State as TcpState};
 use smoltcp::wire::{EthernetAddress, IpListenEndpoint};
 
+/// How long a sandbox may leave sent data unacknowledged.
+const GUEST_TIMEOUT_SECS: u64 = 120;
+
 /// A flow's identity: the sandbox's end and the remote end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key {
@@ -163,6 +166,9 @@ impl Flow {
 pub fn socket(key: &Key, buffer: usize) -> tcp::Socket<'static> {
     let mut s = tcp::Socket::new(tcp::SocketBuffer::new(vec![0; buffer]), tcp::SocketBuffer::new(vec![0; buffer]));
     s.set_nagle_enabled(false);
+    // A sandbox that stops acknowledging what netd sent is given up on (RST)
+    // after this; an idle connection with nothing in flight is never timed out.
+    s.set_timeout(Some(smoltcp::time::Duration::from_secs(GUEST_TIMEOUT_SECS)));
     // A fresh socket in the Closed state always accepts a listen; the
     // endpoint's port is never 0 (the SYN's destination port).
     let _ = s.listen(IpListenEndpoint { addr: Some((*key.remote.ip()).into()), port: key.remote.port() });

@@ -24,6 +24,19 @@ fn arp_for_the_gateway_and_the_resolver_is_answered() {
 }
 
 #[test]
+fn pings_of_the_gateway_are_answered_others_dropped() {
+    let netd = Netd::start(NetConfig::default(), vec![]);
+    netd.send(&arp_request(plan::GATEWAY_IP));
+    netd.expect("ARP reply", arp_reply);
+    // Elsewhere (no ping socket forwarding yet): dropped, so the gateway's reply is the first.
+    netd.send(&echo_request(Ipv4Addr::new(203, 0, 113, 1), 7, b"far"));
+    netd.send(&echo_request(plan::GATEWAY_IP, 8, b"near"));
+    let (from, seq, data) = netd.expect("echo reply", echo_reply);
+    assert_eq!((from, seq, data.as_slice()), (plan::GATEWAY_IP, 8, &b"near"[..]));
+    netd.stop();
+}
+
+#[test]
 fn dns_denied_is_nxdomain_allowed_is_relayed_and_binds_the_name() {
     // A stand-in upstream on loopback (netd's own traffic may go there).
     let upstream = UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -16,8 +16,8 @@ use pvisor_proto::net::NetConfig;
 use smoltcp::iface::{Config, Interface, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
 use smoltcp::wire::{
-    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, HardwareAddress, IpAddress,
-    IpCidr, IpProtocol, Ipv4Packet, TcpPacket, TcpSeqNumber, UdpPacket,
+    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, HardwareAddress, Icmpv4Message,
+    Icmpv4Packet, IpAddress, IpCidr, IpProtocol, Ipv4Packet, TcpPacket, TcpSeqNumber, UdpPacket,
 };
 
 /// Give up on a condition after this long (a hang guard, not a timing assertion).
@@ -272,6 +272,42 @@ pub fn udp_to_guest(frame: &[u8]) -> Option<(SocketAddrV4, u16, Vec<u8>)> {
     let udp = UdpPacket::new_checked(&frame[14 + ip.header_len() as usize..]).ok()?;
     assert!(udp.verify_checksum(&IpAddress::Ipv4(ip.src_addr()), &IpAddress::Ipv4(ip.dst_addr())), "UDP checksum");
     Some((SocketAddrV4::new(ip.src_addr(), udp.src_port()), udp.dst_port(), udp.payload().to_vec()))
+}
+
+/// An ICMP echo request from the guest to `dst`.
+pub fn echo_request(dst: Ipv4Addr, seq: u16, data: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + 8 + data.len()];
+    let mut eth = EthernetFrame::new_unchecked(&mut f[..]);
+    eth.set_dst_addr(EthernetAddress(plan::GATEWAY_MAC));
+    eth.set_src_addr(GUEST_MAC);
+    eth.set_ethertype(EthernetProtocol::Ipv4);
+    let mut ip = Ipv4Packet::new_unchecked(&mut f[14..]);
+    ip.set_version(4);
+    ip.set_header_len(20);
+    ip.set_total_len((20 + 8 + data.len()) as u16);
+    ip.set_hop_limit(64);
+    ip.set_next_header(IpProtocol::Icmp);
+    ip.set_src_addr(plan::SANDBOX_IP);
+    ip.set_dst_addr(dst);
+    ip.fill_checksum();
+    let mut icmp = Icmpv4Packet::new_unchecked(&mut f[34..]);
+    icmp.set_msg_type(Icmpv4Message::EchoRequest);
+    icmp.set_msg_code(0);
+    icmp.set_echo_ident(0x77);
+    icmp.set_echo_seq_no(seq);
+    icmp.data_mut().copy_from_slice(data);
+    icmp.fill_checksum();
+    f
+}
+
+/// An ICMP echo reply to the guest in `frame`: (source, sequence, data).
+pub fn echo_reply(frame: &[u8]) -> Option<(Ipv4Addr, u16, Vec<u8>)> {
+    let ip = Ipv4Packet::new_checked(frame.get(14..)?).ok()?;
+    if ip.next_header() != IpProtocol::Icmp {
+        return None;
+    }
+    let icmp = Icmpv4Packet::new_checked(&frame[14 + ip.header_len() as usize..]).ok()?;
+    (icmp.msg_type() == Icmpv4Message::EchoReply).then(|| (ip.src_addr(), icmp.echo_seq_no(), icmp.data().to_vec()))
 }
 
 /// The ICMP destination-unreachable code in `frame`, if it is one.
