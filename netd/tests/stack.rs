@@ -169,6 +169,75 @@ fn an_allowed_connect_completes_only_when_the_host_side_does_and_data_flows_both
 }
 
 #[test]
+fn resets_are_passed_on_both_ways() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let netd = Netd::start(NetConfig::default(), vec![Ipv4Addr::LOCALHOST]);
+    let mut guest = Guest::new(netd.guest_fd());
+
+    // The host resets (SO_LINGER 0 close): the sandbox's socket is reset.
+    let h = tcp_socket(&mut guest);
+    let cx = guest.iface.context();
+    guest.sockets.get_mut::<tcp::Socket>(h).connect(cx, (Ipv4Addr::LOCALHOST, port), 50010).unwrap();
+    guest.until("established", |g| g.sockets.get::<tcp::Socket>(h).may_send());
+    let (s, _) = listener.accept().unwrap();
+    let s2 = with_linger0(s);
+    drop(s2);
+    guest.until("reset by the host", |g| g.sockets.get::<tcp::Socket>(h).state() == tcp::State::Closed);
+
+    // The sandbox resets: the host side reads ECONNRESET, not a clean EOF.
+    let h = tcp_socket(&mut guest);
+    let cx = guest.iface.context();
+    guest.sockets.get_mut::<tcp::Socket>(h).connect(cx, (Ipv4Addr::LOCALHOST, port), 50011).unwrap();
+    guest.until("established", |g| g.sockets.get::<tcp::Socket>(h).may_send());
+    let (mut s, _) = listener.accept().unwrap();
+    guest.sockets.get_mut::<tcp::Socket>(h).abort();
+    guest.poll();
+    let mut buf = [0u8; 16];
+    let err = s.read(&mut buf).expect_err("a reset, not EOF");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
+    drop(guest);
+    netd.stop();
+}
+
+/// `s` with SO_LINGER 0, so that dropping it sends a RST.
+fn with_linger0(s: std::net::TcpStream) -> std::net::TcpStream {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: the value is a linger struct that outlives the call, its size is passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0);
+    s
+}
+
+#[test]
+fn quic_and_dns_over_tls_are_refused_unless_an_address_rule_allows() {
+    // Loopback is allowed here as if by a domain rule only.
+    let netd = Netd::start_with(NetConfig::default(), vec![], vec![Ipv4Addr::LOCALHOST]);
+    netd.send(&udp_frame(43000, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 443), b"quic"));
+    assert_eq!(netd.expect("UDP/443 refused", icmp_unreachable), 3);
+    netd.send(&syn_frame(43001, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 853), 77));
+    assert_eq!(netd.expect("TCP/853 reset", rst_to_guest), 78);
+    netd.send(&syn_frame(43002, SocketAddrV4::new(plan::GATEWAY_IP, 80), 99));
+    assert_eq!(netd.expect("the sandbox's subnet is refused", rst_to_guest), 100);
+    // Other UDP to the same address goes.
+    let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let std::net::SocketAddr::V4(addr) = sink.local_addr().unwrap() else { unreachable!() };
+    netd.send(&udp_frame(43003, addr, b"fine"));
+    let mut buf = [0u8; 8];
+    assert_eq!(sink.recv(&mut buf).unwrap(), 4);
+    netd.stop();
+}
+
+#[test]
 fn udp_is_relayed_both_ways() {
     let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = match echo.local_addr().unwrap() {

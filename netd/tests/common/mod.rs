@@ -31,14 +31,16 @@ pub type Asked = Arc<Mutex<Vec<(Ipv4Addr, Vec<String>)>>>;
 /// `allowed.test`; records every flow question.
 pub struct TestJudge {
     pub allow: Vec<Ipv4Addr>,
+    /// Allowed as if by a domain rule (not an IP/CIDR rule).
+    pub by_name: Vec<Ipv4Addr>,
     pub asked: Asked,
 }
 
 impl Judge for TestJudge {
     fn judge(&self, dst: Ipv4Addr, names: &[&str], _is_host: bool) -> Verdict {
         self.asked.lock().unwrap().push((dst, names.iter().map(|s| s.to_string()).collect()));
-        let allow = self.allow.contains(&dst);
-        Verdict { allow, by_address_rule: allow, reason: "test" }
+        let by_address_rule = self.allow.contains(&dst);
+        Verdict { allow: by_address_rule || self.by_name.contains(&dst), by_address_rule, reason: "test" }
     }
 
     fn decide_name(&self, name: &str) -> bool {
@@ -110,10 +112,14 @@ impl std::ops::Deref for Netd {
 
 impl Netd {
     pub fn start(config: NetConfig, allow: Vec<Ipv4Addr>) -> Netd {
+        Netd::start_with(config, allow, Vec::new())
+    }
+
+    pub fn start_with(config: NetConfig, allow: Vec<Ipv4Addr>, by_name: Vec<Ipv4Addr>) -> Netd {
         let (guest, link) =
             socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).expect("socketpair");
         let asked: Asked = Arc::default();
-        let judge = TestJudge { allow, asked: asked.clone() };
+        let judge = TestJudge { allow, by_name, asked: asked.clone() };
         let thread = std::thread::spawn(move || {
             let mut stack = Stack::new(link, &config, Box::new(judge), &[]).expect("stack");
             loop {
