@@ -10,7 +10,7 @@
 //!
 //! The data path ([`stack`]): every frame from the link is classified by hand
 //! ([`frames`]): ARP for the gateway and resolver and TCP go to smoltcp
-//! ([`device`]); DNS ([`dns_proxy`]) and other UDP ([`udp`]) are answered
+//! ([`device`]); DNS ([`dns_proxy`], over TCP [`dns_tcp`]) and other UDP ([`udp`]) are answered
 //! from host sockets without smoltcp; a TCP SYN is judged and, if allowed,
 //! held until the host connect succeeds ([`tcp`]). Every decision goes
 //! through a [`judge::Judge`] so tests can permit what the real policy
@@ -18,6 +18,7 @@
 pub mod control;
 pub mod device;
 pub mod dns_proxy;
+pub mod dns_tcp;
 pub mod error;
 pub mod frames;
 pub mod hostaddr;

@@ -21,7 +21,7 @@ use smoltcp::iface::{Config, Interface, SocketSet};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr};
 
 use crate::device::Device;
-use crate::dns_proxy::{Dns, ToGuest};
+use crate::dns_proxy::{Dns, Route, ToGuest};
 use crate::error::Error;
 use crate::frames::{self, Ingress};
 use crate::hostaddr::HostAddrs;
@@ -29,7 +29,7 @@ use crate::judge::Judge;
 use crate::limits::Limits;
 use crate::link::{Link, MAX_FRAME};
 use crate::names::Names;
-use crate::{tcp, udp};
+use crate::{dns_tcp, tcp, udp};
 
 const LINK: Token = Token(0);
 /// The control socket's token ([`Stack::watch`]).
@@ -65,6 +65,7 @@ pub struct Stack {
     tcp: tcp::Flows,
     udp: udp::Flows,
     dns: Dns,
+    dns_tcp: dns_tcp::Conns,
     judge: Box<dyn Judge>,
     names: Names,
     hosts: HostAddrs,
@@ -169,6 +170,7 @@ impl Stack {
             tcp: tcp::Flows::default(),
             udp: udp::Flows::default(),
             dns: Dns::new(dns_sock, upstream, seed.rotate_left(32)),
+            dns_tcp: dns_tcp::Conns::default(),
             judge,
             names: Names::default(),
             hosts: HostAddrs::default(),
@@ -201,7 +203,7 @@ impl Stack {
         NetStats {
             tx_bytes: self.dev.tx_bytes,
             rx_bytes: self.rx_bytes,
-            flows: (self.tcp.len() + self.udp.len()) as u32,
+            flows: self.flows() as u32,
             flows_denied: self.flows_denied,
             dns_queries: self.dns.queries,
         }
@@ -269,6 +271,7 @@ impl Stack {
         }
         self.poll_smoltcp(now)?;
         self.service_tcp();
+        self.service_dns_tcp(now);
         // What servicing queued (data, FINs, RSTs) goes out now.
         self.poll_smoltcp(now)?;
         if now >= self.housekeeping_at {
@@ -330,6 +333,20 @@ impl Stack {
                     Some(_) => {
                         self.dev.push_rx(buf, n);
                     }
+                    None if self.dns_tcp.contains(&key) => {
+                        self.dev.push_rx(buf, n);
+                    }
+                    // DNS over TCP, at any address: netd answers it itself.
+                    None if syn && !ack && !rst && dst.port() == 53 => {
+                        if self.flows() < self.limits.max_flows && self.dns_tcp.len() < dns_tcp::MAX_CONNS {
+                            self.dns_tcp.open(key, &mut self.sockets);
+                            self.dev.push_rx(buf, n);
+                        } else {
+                            self.flows_denied += 1;
+                            self.refuse_tcp(key, mac, seq, seg_len)?;
+                            self.dev.recycle(buf);
+                        }
+                    }
                     None if syn && !ack && !rst => {
                         self.new_tcp(key, mac, &buf[..n], seq, seg_len)?;
                         self.dev.recycle(buf);
@@ -343,7 +360,8 @@ impl Stack {
             Ingress::Udp { src, dst, payload } => {
                 if self.udp_rate.take(now) {
                     if dst.port() == 53 {
-                        if let Some(reply) = self.dns.query(payload, src, dst, mac, &*self.judge, now) {
+                        let route = Route::Udp { mac, server: dst, client: src };
+                        if let Some(reply) = self.dns.query(payload, route, &*self.judge, now) {
                             frames::udp(&mut self.out, mac, dst, src, reply);
                             self.dev.send(&self.out).map_err(Error::Link)?;
                         }
@@ -364,7 +382,7 @@ impl Stack {
     }
 
     fn flows(&self) -> usize {
-        self.tcp.len() + self.udp.len()
+        self.tcp.len() + self.udp.len() + self.dns_tcp.len()
     }
 
     /// Whether a new flow to `dst` may start; `udp` for the QUIC rule.
@@ -459,6 +477,20 @@ impl Stack {
         }
     }
 
+    fn service_dns_tcp(&mut self, now: Instant) {
+        let mut questions = Vec::new();
+        let mut closed = Vec::new();
+        self.dns_tcp.service(&mut self.sockets, |id, q| questions.push((id, q.to_vec())), |id| closed.push(id));
+        for id in closed {
+            self.dns.forget(id);
+        }
+        for (id, q) in questions {
+            if let Some(reply) = self.dns.query(&q, Route::Tcp { conn: id }, &*self.judge, now) {
+                self.dns_tcp.answer(id, reply, &mut self.sockets);
+            }
+        }
+    }
+
     /// A datagram from the sandbox to `key.remote` (not DNS).
     fn udp_datagram(
         &mut self,
@@ -511,13 +543,9 @@ impl Stack {
     }
 
     fn dns_answers(&mut self, now: Instant) -> Result<(), Error> {
-        let (dev, out, mut err) = (&mut self.dev, &mut self.out, None);
-        let send = |m: ToGuest<'_>| {
-            frames::udp(out, m.mac, m.server, m.client, m.msg);
-            if let Err(e) = dev.send(out) {
-                err = Some(e);
-            }
-        };
+        let (dev, out, conns, sockets, mut err) =
+            (&mut self.dev, &mut self.out, &mut self.dns_tcp, &mut self.sockets, None);
+        let send = |m: ToGuest<'_>| deliver(m, dev, out, conns, sockets, &mut err);
         self.dns.answers(&mut self.names, now, send).map_err(Error::Poll)?;
         err.map_or(Ok(()), |e| Err(Error::Link(e)))
     }
@@ -530,13 +558,29 @@ impl Stack {
             }
         }
         self.names.expire(now);
-        let (dev, out, mut err) = (&mut self.dev, &mut self.out, None);
-        self.dns.expire(now, |m| {
-            frames::udp(out, m.mac, m.server, m.client, m.msg);
-            if let Err(e) = dev.send(out) {
-                err = Some(e);
-            }
-        });
+        let (dev, out, conns, sockets, mut err) =
+            (&mut self.dev, &mut self.out, &mut self.dns_tcp, &mut self.sockets, None);
+        self.dns.expire(now, |m| deliver(m, dev, out, conns, sockets, &mut err));
         err.map_or(Ok(()), |e| Err(Error::Link(e)))
+    }
+}
+
+/// Sends a DNS message to the sandbox the way its question came.
+fn deliver(
+    m: ToGuest<'_>,
+    dev: &mut Device,
+    out: &mut Vec<u8>,
+    conns: &mut dns_tcp::Conns,
+    sockets: &mut SocketSet<'static>,
+    err: &mut Option<io::Error>,
+) {
+    match m.route {
+        Route::Udp { mac, server, client } => {
+            frames::udp(out, mac, server, client, m.msg);
+            if let Err(e) = dev.send(out) {
+                *err = Some(e);
+            }
+        }
+        Route::Tcp { conn } => conns.answer(conn, m.msg, sockets),
     }
 }

@@ -93,6 +93,65 @@ fn dns_denied_is_nxdomain_allowed_is_relayed_and_binds_the_name() {
     netd.stop();
 }
 
+#[test]
+fn dns_over_tcp_is_answered_by_netd() {
+    let upstream = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let up_addr = upstream.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        let (n, from) = upstream.recv_from(&mut buf).unwrap();
+        let q = dns::parse_query(&buf[..n]).unwrap();
+        assert_eq!(q.name, "allowed.test");
+        let mut r = Vec::new();
+        dns::reply(&buf[..n], &q, dns::RCODE_NOERROR, &mut r);
+        r[7] = 1;
+        r.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 1, 0, 0, 4, 203, 0, 113, 20]);
+        upstream.send_to(&r, from).unwrap();
+    });
+    let netd = Netd::start(NetConfig { upstream_dns: vec![up_addr.to_string()], ..Default::default() }, vec![]);
+    let mut guest = Guest::new(netd.guest_fd());
+    let h = tcp_socket(&mut guest);
+    let cx = guest.iface.context();
+    // Any address: netd answers port 53 itself, no host connect.
+    guest.sockets.get_mut::<tcp::Socket>(h).connect(cx, (Ipv4Addr::new(192, 0, 2, 53), 53), 50020).unwrap();
+    guest.until("established", |g| g.sockets.get::<tcp::Socket>(h).may_send());
+    let mut framed = Vec::new();
+    for q in [query(0x4444, "denied.test", dns::TYPE_A), query(0x5555, "allowed.test", dns::TYPE_A)] {
+        framed.extend_from_slice(&(q.len() as u16).to_be_bytes());
+        framed.extend_from_slice(&q);
+    }
+    guest.sockets.get_mut::<tcp::Socket>(h).send_slice(&framed).unwrap();
+    let mut got = Vec::new();
+    let mut answers = Vec::new();
+    guest.until("two answers", |g| {
+        let s = g.sockets.get_mut::<tcp::Socket>(h);
+        while s.can_recv() {
+            s.recv(|b| {
+                got.extend_from_slice(b);
+                (b.len(), ())
+            })
+            .unwrap();
+        }
+        while got.len() >= 2 && got.len() >= 2 + u16::from_be_bytes([got[0], got[1]]) as usize {
+            let len = u16::from_be_bytes([got[0], got[1]]) as usize;
+            answers.push(dns::parse_answer(&got[2..2 + len]).unwrap());
+            got.drain(..2 + len);
+        }
+        answers.len() == 2
+    });
+    assert_eq!((answers[0].id, answers[0].rcode), (0x4444, dns::RCODE_NXDOMAIN));
+    assert_eq!((answers[1].id, answers[1].rcode), (0x5555, dns::RCODE_NOERROR));
+    assert_eq!(answers[1].a_records[0].addr, Ipv4Addr::new(203, 0, 113, 20));
+    server.join().unwrap();
+    // The client closes; netd closes too.
+    guest.sockets.get_mut::<tcp::Socket>(h).close();
+    guest.until("closed", |g| {
+        matches!(g.sockets.get::<tcp::Socket>(h).state(), tcp::State::TimeWait | tcp::State::Closed)
+    });
+    drop(guest);
+    netd.stop();
+}
+
 fn tcp_socket(guest: &mut Guest<'_>) -> smoltcp::iface::SocketHandle {
     guest.sockets.add(tcp::Socket::new(tcp::SocketBuffer::new(vec![0; 65536]), tcp::SocketBuffer::new(vec![0; 65536])))
 }
