@@ -29,12 +29,14 @@ use crate::judge::Judge;
 use crate::limits::Limits;
 use crate::link::{Link, MAX_FRAME};
 use crate::names::Names;
+use crate::ping::Ping;
 use crate::{dns_tcp, tcp, udp};
 
 const LINK: Token = Token(0);
 /// The control socket's token ([`Stack::watch`]).
 pub const CONTROL: Token = Token(1);
 const DNS: Token = Token(2);
+const PING: Token = Token(3);
 const TCP_BASE: usize = 1 << 24;
 const UDP_BASE: usize = 2 << 24;
 /// Frames read from the link per turn before host sockets get their turn.
@@ -66,6 +68,10 @@ pub struct Stack {
     udp: udp::Flows,
     dns: Dns,
     dns_tcp: dns_tcp::Conns,
+    /// The ping socket: not tried yet, there, or refused by the host.
+    ping: PingState,
+    /// The sandbox's MAC, as last seen (for echo replies).
+    guest_mac: EthernetAddress,
     judge: Box<dyn Judge>,
     names: Names,
     hosts: HostAddrs,
@@ -80,6 +86,12 @@ pub struct Stack {
     housekeeping_at: Instant,
     rx_bytes: u64,
     flows_denied: u64,
+}
+
+enum PingState {
+    Untried,
+    Open(Ping),
+    Unavailable,
 }
 
 /// A seed for smoltcp's ISNs and the DNS ids.
@@ -171,6 +183,8 @@ impl Stack {
             udp: udp::Flows::default(),
             dns: Dns::new(dns_sock, upstream, seed.rotate_left(32)),
             dns_tcp: dns_tcp::Conns::default(),
+            ping: PingState::Untried,
+            guest_mac: EthernetAddress(plan::GUEST_MAC),
             judge,
             names: Names::default(),
             hosts: HostAddrs::default(),
@@ -235,7 +249,7 @@ impl Stack {
             Err(e) => return Err(Error::Poll(e)),
         }
         let mut turn = Turn::default();
-        let (mut link, mut dns) = (self.link_pending, false);
+        let (mut link, mut dns, mut ping) = (self.link_pending, false, false);
         let mut connecting = Vec::new();
         let mut udp_ready = Vec::new();
         for ev in self.events.iter() {
@@ -243,6 +257,7 @@ impl Stack {
                 LINK => link = true,
                 CONTROL => turn.control = true,
                 DNS => dns = true,
+                PING => ping = true,
                 Token(t) if (TCP_BASE..UDP_BASE).contains(&t) => {
                     if let Some(f) = self.tcp.get_mut(t - TCP_BASE) {
                         f.readable |= ev.is_readable() || ev.is_read_closed() || ev.is_error();
@@ -268,6 +283,9 @@ impl Stack {
         }
         for slot in udp_ready {
             self.udp_replies(slot, now)?;
+        }
+        if ping {
+            self.ping_replies(now)?;
         }
         self.poll_smoltcp(now)?;
         self.service_tcp();
@@ -375,7 +393,11 @@ impl Stack {
             Ingress::IcmpEcho { dst, .. } if dst == plan::GATEWAY_IP || dst == plan::DNS_IP => {
                 self.dev.push_rx(buf, n);
             }
-            // ICMP echo elsewhere is not forwarded (yet): dropped, like every other frame.
+            Ingress::IcmpEcho { src, dst, ident, seq, data } => {
+                self.guest_mac = mac;
+                self.echo(src, dst, ident, seq, data, now);
+                self.dev.recycle(buf);
+            }
             _ => self.dev.recycle(buf),
         }
         Ok(())
@@ -489,6 +511,47 @@ impl Stack {
                 self.dns_tcp.answer(id, reply, &mut self.sockets);
             }
         }
+    }
+
+    /// An echo request elsewhere: judged like a flow, sent through the ping
+    /// socket if the host allows one, else dropped.
+    fn echo(&mut self, src: Ipv4Addr, dst: Ipv4Addr, ident: u16, seq: u16, data: &[u8], now: Instant) {
+        if in_plan_subnet(dst) || !self.udp_rate.take(now) {
+            return;
+        }
+        let is_host = self.hosts.is_host(dst, now);
+        let names = self.names.lookup(dst, now);
+        if !self.judge.judge(dst, &names, is_host).allow {
+            self.flows_denied += 1;
+            return;
+        }
+        if let PingState::Untried = self.ping {
+            self.ping = match Ping::open() {
+                Ok(p) => {
+                    let fd = p.raw_fd();
+                    match self.poll.registry().register(&mut SourceFd(&fd), PING, Interest::READABLE) {
+                        Ok(()) => PingState::Open(p),
+                        Err(_) => PingState::Unavailable,
+                    }
+                }
+                Err(_) => PingState::Unavailable,
+            };
+        }
+        if let PingState::Open(p) = &mut self.ping {
+            p.send(src, dst, ident, seq, data, now);
+        }
+    }
+
+    fn ping_replies(&mut self, now: Instant) -> Result<(), Error> {
+        let PingState::Open(p) = &mut self.ping else { return Ok(()) };
+        let (dev, out, mac, mut err) = (&mut self.dev, &mut self.out, self.guest_mac, None);
+        p.replies(now, |r| {
+            frames::echo_reply(out, mac, r.from, r.to, r.ident, r.seq, r.data);
+            if let Err(e) = dev.send(out) {
+                err = Some(e);
+            }
+        });
+        err.map_or(Ok(()), |e| Err(Error::Link(e)))
     }
 
     /// A datagram from the sandbox to `key.remote` (not DNS).

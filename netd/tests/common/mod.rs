@@ -299,21 +299,25 @@ pub fn echo_request(dst: Ipv4Addr, seq: u16, data: &[u8]) -> Vec<u8> {
     let mut icmp = Icmpv4Packet::new_unchecked(&mut f[34..]);
     icmp.set_msg_type(Icmpv4Message::EchoRequest);
     icmp.set_msg_code(0);
-    icmp.set_echo_ident(0x77);
+    icmp.set_echo_ident(ECHO_IDENT);
     icmp.set_echo_seq_no(seq);
     icmp.data_mut().copy_from_slice(data);
     icmp.fill_checksum();
     f
 }
 
-/// An ICMP echo reply to the guest in `frame`: (source, sequence, data).
+/// The ident of [`echo_request`]s.
+pub const ECHO_IDENT: u16 = 0x77;
+
+/// An ICMP echo reply to the guest in `frame` (with the guest's ident): (source, sequence, data).
 pub fn echo_reply(frame: &[u8]) -> Option<(Ipv4Addr, u16, Vec<u8>)> {
     let ip = Ipv4Packet::new_checked(frame.get(14..)?).ok()?;
     if ip.next_header() != IpProtocol::Icmp {
         return None;
     }
     let icmp = Icmpv4Packet::new_checked(&frame[14 + ip.header_len() as usize..]).ok()?;
-    (icmp.msg_type() == Icmpv4Message::EchoReply).then(|| (ip.src_addr(), icmp.echo_seq_no(), icmp.data().to_vec()))
+    (icmp.msg_type() == Icmpv4Message::EchoReply && icmp.echo_ident() == ECHO_IDENT && icmp.verify_checksum())
+        .then(|| (ip.src_addr(), icmp.echo_seq_no(), icmp.data().to_vec()))
 }
 
 /// The ICMP destination-unreachable code in `frame`, if it is one.
