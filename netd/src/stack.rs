@@ -242,6 +242,16 @@ impl Stack {
     /// One turn of the loop: waits for events (at most until smoltcp's next
     /// timer), moves frames and data, returns what the caller must handle.
     pub fn turn(&mut self) -> Result<Turn, Error> {
+        match self.turn_inner() {
+            // The sandbox's end of a SOCK_SEQPACKET link went away mid-write.
+            Err(Error::Link(e)) if matches!(e.raw_os_error(), Some(libc::ECONNRESET) | Some(libc::EPIPE)) => {
+                Ok(Turn { control: false, link_closed: true })
+            }
+            r => r,
+        }
+    }
+
+    fn turn_inner(&mut self) -> Result<Turn, Error> {
         let timeout = self.timeout(Instant::now());
         match self.poll.poll(&mut self.events, Some(timeout)) {
             Ok(()) => {}

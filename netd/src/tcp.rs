@@ -166,6 +166,8 @@ impl Flow {
 pub fn socket(key: &Key, buffer: usize) -> tcp::Socket<'static> {
     let mut s = tcp::Socket::new(tcp::SocketBuffer::new(vec![0; buffer]), tcp::SocketBuffer::new(vec![0; buffer]));
     s.set_nagle_enabled(false);
+    // ACK at once: the sandbox's sender should not wait on netd's timers.
+    s.set_ack_delay(None);
     // A sandbox that stops acknowledging what netd sent is given up on (RST)
     // after this; an idle connection with nothing in flight is never timed out.
     s.set_timeout(Some(smoltcp::time::Duration::from_secs(GUEST_TIMEOUT_SECS)));
