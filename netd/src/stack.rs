@@ -244,7 +244,10 @@ impl Stack {
     pub fn turn(&mut self) -> Result<Turn, Error> {
         match self.turn_inner() {
             // The sandbox's end of a SOCK_SEQPACKET link went away mid-write.
-            Err(Error::Link(e)) if matches!(e.raw_os_error(), Some(libc::ECONNRESET) | Some(libc::EPIPE)) => {
+            // (EBADFD: a tap whose device went with the sandbox's namespace.)
+            Err(Error::Link(e))
+                if matches!(e.raw_os_error(), Some(libc::ECONNRESET) | Some(libc::EPIPE) | Some(libc::EBADFD)) =>
+            {
                 Ok(Turn { control: false, link_closed: true })
             }
             r => r,
@@ -350,7 +353,10 @@ impl Stack {
     fn ingress(&mut self, buf: Vec<u8>, n: usize, now: Instant) -> Result<(), Error> {
         let (mac, ingress) = frames::classify(&buf[..n]);
         match ingress {
-            Ingress::Arp { target } if target == plan::GATEWAY_IP || target == plan::DNS_IP => {
+            // netd answers for every address of the sandbox's subnet but the
+            // sandbox's own, so that a connect to a neighbour is refused at
+            // once rather than after an ARP timeout.
+            Ingress::Arp { target } if in_plan_subnet(target) && target != plan::SANDBOX_IP => {
                 self.dev.push_rx(buf, n);
             }
             Ingress::Tcp { src, dst, syn, ack, rst, seq, seg_len } => {

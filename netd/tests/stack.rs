@@ -13,13 +13,21 @@ use smoltcp::socket::tcp;
 const DENIED: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 7);
 
 #[test]
-fn arp_for_the_gateway_and_the_resolver_is_answered() {
+fn arp_is_answered_for_the_subnet_but_the_sandbox_itself() {
     let netd = Netd::start(NetConfig::default(), vec![]);
-    for ip in [plan::GATEWAY_IP, plan::DNS_IP] {
+    let neighbour = Ipv4Addr::new(10, 0, 2, 5);
+    for ip in [plan::GATEWAY_IP, plan::DNS_IP, neighbour] {
+        // The sandbox's own address and addresses off the subnet get no answer,
+        // so the first reply is the one asked next.
+        netd.send(&arp_request(plan::SANDBOX_IP));
+        netd.send(&arp_request(Ipv4Addr::new(203, 0, 113, 1)));
         netd.send(&arp_request(ip));
         let (mac, from) = netd.expect("ARP reply", arp_reply);
         assert_eq!((mac.0, from), (plan::GATEWAY_MAC, ip));
     }
+    // A neighbour is refused at once, like every address of the subnet but DNS.
+    netd.send(&syn_frame(43100, SocketAddrV4::new(neighbour, 80), 5));
+    assert_eq!(netd.expect("RST from a neighbour", rst_to_guest), 6);
     netd.stop();
 }
 
