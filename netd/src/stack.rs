@@ -152,7 +152,9 @@ impl Stack {
         let link = Link::new(link).map_err(Error::Link)?;
         let poll = Poll::new().map_err(Error::Poll)?;
         let link_fd = link.raw_fd();
-        poll.registry().register(&mut SourceFd(&link_fd), LINK, Interest::READABLE).map_err(Error::Poll)?;
+        poll.registry()
+            .register(&mut SourceFd(&link_fd), LINK, Interest::READABLE | Interest::WRITABLE)
+            .map_err(Error::Poll)?;
         let mut dns_sock =
             UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))).map_err(|e| Error::Config(e.to_string()))?;
         poll.registry().register(&mut dns_sock, DNS, Interest::READABLE).map_err(Error::Poll)?;
@@ -262,12 +264,15 @@ impl Stack {
             Err(e) => return Err(Error::Poll(e)),
         }
         let mut turn = Turn::default();
-        let (mut link, mut dns, mut ping) = (self.link_pending, false, false);
+        let (mut link, mut dns, mut ping, mut link_room) = (self.link_pending, false, false, false);
         let mut connecting = Vec::new();
         let mut udp_ready = Vec::new();
         for ev in self.events.iter() {
             match ev.token() {
-                LINK => link = true,
+                LINK => {
+                    link |= ev.is_readable() || ev.is_read_closed() || ev.is_error();
+                    link_room |= ev.is_writable();
+                }
                 CONTROL => turn.control = true,
                 DNS => dns = true,
                 PING => ping = true,
@@ -285,6 +290,9 @@ impl Stack {
             }
         }
         let now = Instant::now();
+        if link_room {
+            self.dev.writable().map_err(Error::Link)?;
+        }
         if link {
             turn.link_closed = self.read_link(now)?;
         }
