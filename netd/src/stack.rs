@@ -26,7 +26,7 @@ use crate::error::Error;
 use crate::frames::{self, Ingress};
 use crate::hostaddr::HostAddrs;
 use crate::judge::Judge;
-use crate::limits::Limits;
+use crate::limits::{Limits, SMALL_TCP_BUFFER_BYTES, TCP_MEMORY_BUDGET};
 use crate::link::{Link, MAX_FRAME};
 use crate::names::Names;
 use crate::ping::Ping;
@@ -86,6 +86,8 @@ pub struct Stack {
     housekeeping_at: Instant,
     rx_bytes: u64,
     flows_denied: u64,
+    /// Buffer bytes held by open TCP flows (see limits::TCP_MEMORY_BUDGET).
+    tcp_memory: usize,
 }
 
 enum PingState {
@@ -198,6 +200,7 @@ impl Stack {
             housekeeping_at: epoch,
             rx_bytes: 0,
             flows_denied: 0,
+            tcp_memory: 0,
         })
     }
 
@@ -484,7 +487,12 @@ impl Stack {
         match flow.connect_result() {
             Ok(false) => Ok(()),
             Ok(true) => {
-                let handle = self.sockets.add(tcp::socket(&flow.key, self.limits.tcp_buffer_bytes));
+                let full = self.limits.tcp_buffer_bytes;
+                let buffer =
+                    if self.tcp_memory + 2 * full <= TCP_MEMORY_BUDGET { full } else { SMALL_TCP_BUFFER_BYTES };
+                flow.buffer_bytes = 2 * buffer;
+                self.tcp_memory += 2 * buffer;
+                let handle = self.sockets.add(tcp::socket(&flow.key, buffer));
                 let tcp::State::Connecting { syn, .. } =
                     std::mem::replace(&mut flow.state, tcp::State::Open { handle })
                 else {
@@ -517,6 +525,7 @@ impl Stack {
                     let _ = self.poll.registry().deregister(&mut flow.stream);
                     if let tcp::State::Open { handle } = flow.state {
                         self.sockets.remove(handle);
+                        self.tcp_memory -= flow.buffer_bytes;
                     }
                 }
             }

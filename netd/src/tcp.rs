@@ -31,6 +31,8 @@ pub enum State {
 
 pub struct Flow {
     pub key: Key,
+    /// Bytes of smoltcp buffer (both directions) the flow holds once open.
+    pub buffer_bytes: usize,
     pub mac: EthernetAddress,
     pub stream: TcpStream,
     pub state: State,
@@ -57,6 +59,7 @@ impl Flow {
     pub fn new(key: Key, mac: EthernetAddress, stream: TcpStream, syn: Vec<u8>, seq: u32, seg_len: u32) -> Flow {
         Flow {
             key,
+            buffer_bytes: 0,
             mac,
             stream,
             state: State::Connecting { syn, seq, seg_len },

@@ -305,6 +305,27 @@ fn quic_and_dns_over_tls_are_refused_unless_an_address_rule_allows() {
 }
 
 #[test]
+fn flows_past_the_memory_budget_get_small_buffers() {
+    // 16 MiB per direction: the 64 MiB budget holds two such flows.
+    let limits = NetLimits { tcp_buffer_bytes: 16 << 20, ..Default::default() };
+    let netd = Netd::start(NetConfig { limits: Some(limits), ..Default::default() }, vec![Ipv4Addr::LOCALHOST]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let std::net::SocketAddr::V4(server) = listener.local_addr().unwrap() else { unreachable!() };
+    // netd learns the guest's MAC from its ARP request (smoltcp needs it to answer).
+    netd.send(&arp_request(plan::GATEWAY_IP));
+    netd.expect("ARP reply", arp_reply);
+    // NOP, window scale 7: the SYN-ACK's window scale shows netd's buffer.
+    let ws = [1, 3, 3, 7];
+    let mut scales = Vec::new();
+    for i in 0..3u16 {
+        netd.send(&syn_frame_with(44000 + i, server, 1000, &ws));
+        scales.push(netd.expect("SYN-ACK", syn_ack_window_scale));
+    }
+    assert_eq!(scales, [Some(9), Some(9), Some(0)], "16 MiB, 16 MiB, then 16 KiB");
+    netd.stop();
+}
+
+#[test]
 fn udp_is_relayed_both_ways() {
     let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = match echo.local_addr().unwrap() {

@@ -229,7 +229,13 @@ pub fn udp_frame(src_port: u16, dst: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
 
 /// A TCP SYN from the guest's `src_port` to `dst` with sequence number `seq`.
 pub fn syn_frame(src_port: u16, dst: SocketAddrV4, seq: u32) -> Vec<u8> {
-    let mut f = vec![0u8; 14 + 20 + 20];
+    syn_frame_with(src_port, dst, seq, &[])
+}
+
+/// A TCP SYN carrying `options` (a multiple of 4 bytes).
+pub fn syn_frame_with(src_port: u16, dst: SocketAddrV4, seq: u32, options: &[u8]) -> Vec<u8> {
+    let tcp_len = 20 + options.len();
+    let mut f = vec![0u8; 14 + 20 + tcp_len];
     let mut eth = EthernetFrame::new_unchecked(&mut f[..]);
     eth.set_dst_addr(EthernetAddress(plan::GATEWAY_MAC));
     eth.set_src_addr(GUEST_MAC);
@@ -237,7 +243,7 @@ pub fn syn_frame(src_port: u16, dst: SocketAddrV4, seq: u32) -> Vec<u8> {
     let mut ip = Ipv4Packet::new_unchecked(&mut f[14..]);
     ip.set_version(4);
     ip.set_header_len(20);
-    ip.set_total_len(40);
+    ip.set_total_len((20 + tcp_len) as u16);
     ip.set_hop_limit(64);
     ip.set_next_header(IpProtocol::Tcp);
     ip.set_src_addr(plan::SANDBOX_IP);
@@ -247,9 +253,10 @@ pub fn syn_frame(src_port: u16, dst: SocketAddrV4, seq: u32) -> Vec<u8> {
     tcp.set_src_port(src_port);
     tcp.set_dst_port(dst.port());
     tcp.set_seq_number(TcpSeqNumber(seq as i32));
-    tcp.set_header_len(20);
+    tcp.set_header_len(tcp_len as u8);
     tcp.clear_flags();
     tcp.set_syn(true);
+    tcp.options_mut().copy_from_slice(options);
     tcp.set_window_len(65535);
     tcp.fill_checksum(&IpAddress::Ipv4(plan::SANDBOX_IP), &IpAddress::Ipv4(*dst.ip()));
     f
@@ -263,6 +270,21 @@ pub fn rst_to_guest(frame: &[u8]) -> Option<u32> {
     }
     let tcp = TcpPacket::new_checked(&frame[14 + ip.header_len() as usize..]).ok()?;
     (tcp.rst() && tcp.ack()).then(|| tcp.ack_number().0 as u32)
+}
+
+/// The window scale a SYN-ACK to the guest in `frame` offers, if it is one.
+pub fn syn_ack_window_scale(frame: &[u8]) -> Option<Option<u8>> {
+    let ip = Ipv4Packet::new_checked(frame.get(14..)?).ok()?;
+    if ip.next_header() != IpProtocol::Tcp {
+        return None;
+    }
+    let tcp = TcpPacket::new_checked(&frame[14 + ip.header_len() as usize..]).ok()?;
+    if !(tcp.syn() && tcp.ack()) {
+        return None;
+    }
+    let caps = smoltcp::phy::ChecksumCapabilities::ignored();
+    let repr = smoltcp::wire::TcpRepr::parse(&tcp, &ip.src_addr().into(), &ip.dst_addr().into(), &caps).ok()?;
+    Some(repr.window_scale)
 }
 
 /// The UDP datagram in `frame` to the guest: (source, destination port, payload).
