@@ -127,6 +127,9 @@ fn image(dir: &Path) -> PathBuf {
     }
     std::fs::write(tree.join("etc/image-file"), b"from the image\n").unwrap();
     std::fs::write(tree.join("etc/hostname"), b"image-hostname\n").unwrap();
+    // A resolv.conf linked elsewhere (as systemd-resolved images have it):
+    // the boot must replace the link, never write through it.
+    symlink("/etc/image-file", tree.join("etc/resolv.conf")).unwrap();
     symlink("/mnt", tree.join("tmp")).unwrap();
     symlink("/", tree.join("dev")).unwrap();
     let img = dir.join("erofs.img");
@@ -145,6 +148,11 @@ fn scratch(dir: &Path) -> PathBuf {
 /// Boots and returns the console once QEMU exited by itself (panics on a
 /// timeout or a QEMU failure, with the console so far).
 fn boot(kernel: &Path, initrd: &Path, root: &Path, scratch: &Path, cmdline: &str) -> String {
+    boot_with(kernel, initrd, root, scratch, cmdline, &[])
+}
+
+/// [`boot`] with `extra` QEMU arguments (a network device).
+fn boot_with(kernel: &Path, initrd: &Path, root: &Path, scratch: &Path, cmdline: &str, extra: &[&str]) -> String {
     let mut child = Command::new("qemu-system-x86_64")
         .args(["-M", "microvm,acpi=off", "-cpu", "max", "-m", "256", "-smp", "1"])
         .args(["-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-no-reboot"])
@@ -160,6 +168,7 @@ fn boot(kernel: &Path, initrd: &Path, root: &Path, scratch: &Path, cmdline: &str
         .arg("-drive")
         .arg(format!("file={},if=none,id=s,format=raw", scratch.display()))
         .args(["-device", "virtio-blk-device,drive=s"])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -334,4 +343,38 @@ fn boots_a_debian_image_of_the_pool_through_its_erofs_view() {
     assert!(console.contains("pvisor-selftest: done, 0 failed"), "{console}");
     assert_eq!(debugfs_cat(&g.scratch, "/upper/x"), "ok\n");
     assert_eq!(debugfs_cat(&g.scratch, "/upper/etc/hostname"), "debian-guest\n");
+}
+
+#[test]
+fn with_a_network_eth0_is_configured_and_resolv_conf_written() {
+    let Some(g) = guest() else { return };
+    // A virtio-net device with nothing behind it (a QEMU hub of one port):
+    // the boot's configuration is what is checked here; frames through the
+    // project's own device are vmm/tests/virtio_net_qemu.rs.
+    let extra = [
+        "-netdev",
+        "hubport,id=n0,hubid=0",
+        "-device",
+        "virtio-net-device,netdev=n0,mac=02:70:76:00:00:64,host_mtu=65520",
+    ];
+    let cmdline = format!("pvisor.hostname={HOSTNAME} pvisor.selftest=1 pvisor.net=1");
+    let console = boot_with(&g.kernel, &g.initrd, &g.root, &g.scratch, &cmdline, &extra);
+    let line = selftest_line(&console, "network");
+    assert!(line.contains(": ok eth0 up, mtu 65520, default via 10.0.2.2, resolv.conf written"), "{line}\n{console}");
+    assert!(console.contains("pvisor-selftest: done, 0 failed"), "{console}");
+    assert_eq!(debugfs_cat(&g.scratch, "/upper/etc/resolv.conf"), pvisor_net::plan::resolv_conf());
+    let stat = debugfs(&g.scratch, "stat /upper/etc/resolv.conf");
+    assert!(stat.contains("Type: regular"), "the image's symlink was replaced by a file: {stat}");
+    assert_eq!(debugfs_cat(&g.scratch, "/upper/etc/image-file"), "", "the link's target was not written");
+    assert_eq!(debugfs_cat(&g.scratch, "/upper/etc/hosts"), pvisor_net::plan::hosts(HOSTNAME));
+}
+
+#[test]
+fn without_the_network_key_no_resolv_conf_is_written() {
+    let Some(g) = guest() else { return };
+    let cmdline = format!("pvisor.hostname={HOSTNAME} pvisor.selftest=1");
+    let console = boot(&g.kernel, &g.initrd, &g.root, &g.scratch, &cmdline);
+    assert!(selftest_line(&console, "network").contains(": SKIP "), "{console}");
+    let stat = debugfs(&g.scratch, "stat /upper/etc/resolv.conf");
+    assert!(!stat.contains("Type: regular"), "no resolv.conf without a network: {stat}");
 }

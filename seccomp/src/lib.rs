@@ -2,7 +2,7 @@
 //! entry of a table ([`rules`]) with a one-line justification, compiled to BPF at run time with
 //! seccompiler (no build script, no JSON).
 //!
-//! Five filters:
+//! Six filters:
 //!
 //! * the [sandbox filter](sandbox), installed by the sandbox's init right before it execs the
 //!   in-sandbox agent, so that it applies to every process in the sandbox;
@@ -11,7 +11,9 @@
 //! * the [image server filter](image_server), installed by `pvisor-imaged` (the FUSE server of
 //!   one image) once its mount is live;
 //! * the [vCPU and VMM device filters](vmm), installed per thread by the VMM of a vm-backend
-//!   worker (allow lists).
+//!   worker (allow lists);
+//! * the [netd filter](netd), installed by `pvisor-netd`, a sandbox's network process (an
+//!   allow list).
 //!
 //! The first two default to *allow* and refuse a deny list (mostly with `EPERM`, like Docker's
 //! default profile); the image server filter is an allow list that kills the process on any
@@ -35,6 +37,7 @@ compile_error!("pvisor-seccomp supports Linux on x86_64 and aarch64 only");
 mod compile;
 mod error;
 pub mod image_server;
+pub mod netd;
 pub mod privileges;
 mod rules;
 pub mod sandbox;
@@ -47,6 +50,7 @@ mod tests;
 pub use compile::BPF_MAX_LEN;
 pub use error::Error;
 pub use image_server::image_server_filter;
+pub use netd::netd_filter;
 pub use rules::{
     rules, rules_markdown, Action, DefaultAction, FilterKind, Rule, When, ALLOWED_PERSONAS, CLONE_NAMESPACE_FLAGS,
     UNSHARE_NAMESPACE_FLAGS,
@@ -64,6 +68,7 @@ pub fn filter(kind: FilterKind) -> Result<BpfProgram, Error> {
         FilterKind::ImageServer => image_server_filter(),
         FilterKind::Vcpu => vcpu_filter(),
         FilterKind::VmmDevice => vmm_device_filter(),
+        FilterKind::Netd => netd_filter(),
     }
 }
 

@@ -33,18 +33,28 @@ pub enum FilterKind {
     Vcpu,
     /// Installed by the VMM's device event loop thread(s) before they touch guest memory.
     VmmDevice,
+    /// Installed by `pvisor-netd`, a sandbox's network process, once it has jailed itself.
+    Netd,
 }
 
 impl FilterKind {
     /// Every kind, sandbox first.
-    pub const ALL: [FilterKind; 5] =
-        [FilterKind::Sandbox, FilterKind::Worker, FilterKind::ImageServer, FilterKind::Vcpu, FilterKind::VmmDevice];
+    pub const ALL: [FilterKind; 6] = [
+        FilterKind::Sandbox,
+        FilterKind::Worker,
+        FilterKind::ImageServer,
+        FilterKind::Vcpu,
+        FilterKind::VmmDevice,
+        FilterKind::Netd,
+    ];
 
     /// What the filter does with a syscall that no rule (or no rule's condition) matches.
     pub fn default_action(self) -> DefaultAction {
         match self {
             FilterKind::Sandbox | FilterKind::Worker => DefaultAction::Allow,
-            FilterKind::ImageServer | FilterKind::Vcpu | FilterKind::VmmDevice => DefaultAction::KillProcess,
+            FilterKind::ImageServer | FilterKind::Vcpu | FilterKind::VmmDevice | FilterKind::Netd => {
+                DefaultAction::KillProcess
+            }
         }
     }
 }
@@ -57,6 +67,7 @@ impl fmt::Display for FilterKind {
             FilterKind::ImageServer => "image server",
             FilterKind::Vcpu => "vcpu",
             FilterKind::VmmDevice => "vmm device",
+            FilterKind::Netd => "netd",
         })
     }
 }
@@ -201,6 +212,7 @@ pub fn rules(kind: FilterKind) -> &'static [Rule] {
     match kind {
         FilterKind::Sandbox => SANDBOX,
         FilterKind::ImageServer => IMAGE_SERVER,
+        FilterKind::Netd => netd_rules::NETD,
         FilterKind::Vcpu => {
             static VCPU_TABLE: OnceLock<Vec<Rule>> = OnceLock::new();
             VCPU_TABLE.get_or_init(|| [vmm_rules::VCPU, vmm_rules::VCPU_VIRTIO].concat())
@@ -283,6 +295,9 @@ macro_rules! rule {
 
 #[path = "vmm_rules.rs"]
 pub(crate) mod vmm_rules;
+
+#[path = "netd_rules.rs"]
+pub(crate) mod netd_rules;
 
 /// The namespace flags of clone(2): `CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS |
 /// CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET` (Docker's mask, 0x7e020000).
@@ -737,5 +752,16 @@ pub fn rules_markdown() -> String {
         summary(rules(FilterKind::VmmDevice))
     );
     plain_table(&mut md, rules(FilterKind::VmmDevice));
+
+    let _ = writeln!(md, "\n## netd filter\n");
+    let _ = writeln!(
+        md,
+        "Installed by `pvisor-netd` (a sandbox's network process, `src/netd_rules.rs`) on itself \
+         once it has pivoted into an empty root and dropped every capability, before it reads \
+         a frame from the sandbox. An allow list: a syscall no row lets through kills the \
+         process. {}\n",
+        summary(rules(FilterKind::Netd))
+    );
+    plain_table(&mut md, rules(FilterKind::Netd));
     md
 }

@@ -9,16 +9,17 @@
 //! 4. switch root the way `switch_root` does (an initramfs cannot be
 //!    pivot_root'ed): chdir, move the new root onto `/`, chroot;
 //! 5. hostname, `/etc/hostname` and `/etc/hosts` (as the ns backend writes
-//!    them), loopback up.
+//!    them), loopback up; with `pvisor.net=1`, `eth0` configured, the default
+//!    route through netd and `/etc/resolv.conf` ([`net`], [`etc`]).
 //!
 //! The initramfs is not emptied: its only content of size is `/init`, this
 //! very binary, whose pages stay mapped while the agent runs anyway.
 use super::cmdline::GuestCmdline;
 use super::error::GuestError;
+use super::etc;
 use super::mounts::{detach, initramfs_dirs, mkdir, mount_fs, sandbox_dirs};
 use super::net;
 use nix::mount::{mount, MsFlags};
-use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -81,8 +82,11 @@ pub fn boot(cfg: &GuestCmdline) -> Result<(), GuestError> {
     }
     switch_root(newroot)?;
     nix::unistd::sethostname(&cfg.hostname).map_err(|e| GuestError::sys("sethostname", e))?;
-    write_etc(&cfg.hostname);
     net::loopback_up().map_err(|e| GuestError::io("loopback up", e))?;
+    if cfg.net {
+        net::configure_eth0()?;
+    }
+    write_etc(&cfg.hostname, cfg.net);
     Ok(())
 }
 
@@ -95,16 +99,27 @@ fn switch_root(newroot: &Path) -> Result<(), GuestError> {
     std::env::set_current_dir("/").map_err(|e| GuestError::io("chdir /", e))
 }
 
-/// Writes `/etc/hostname` and `/etc/hosts` as the ns backend does. Only after
-/// the switch: the image controls /etc, and a symlink there must resolve
-/// inside the sandbox. An image without /etc (or a read-only one) is fine.
-fn write_etc(hostname: &str) {
-    if Path::new("/etc").is_dir() {
-        let _ = fs::write("/etc/hostname", format!("{hostname}\n"));
-        let _ = fs::write(
-            "/etc/hosts",
-            format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost {hostname}\n"),
-        );
+/// Writes `/etc/hostname` and `/etc/hosts` (and, with a network,
+/// `/etc/resolv.conf`) as the ns backend does. Only after the switch: the
+/// image controls /etc, so no symlink in it is followed ([`etc`]). An image
+/// without /etc (or with a symlinked one) is left as it is; a file that
+/// cannot be written (a directory in its place) is reported on the console,
+/// not fatal: the sandbox works without it.
+fn write_etc(hostname: &str, net: bool) {
+    let root = Path::new("/");
+    let hosts = if net {
+        pvisor_net::plan::hosts(hostname)
+    } else {
+        format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost {hostname}\n")
+    };
+    let mut files = vec![("hostname", format!("{hostname}\n")), ("hosts", hosts)];
+    if net {
+        files.push(("resolv.conf", pvisor_net::plan::resolv_conf()));
+    }
+    for (name, content) in files {
+        if let Err(e) = etc::write_file(root, name, &content) {
+            super::console::line(&format!("warning: {e}"));
+        }
     }
 }
 

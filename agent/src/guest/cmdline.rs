@@ -32,6 +32,10 @@ pub struct GuestCmdline {
     /// `pvisor.selftest=1`: check the root filesystem, report on the console,
     /// power off (for tests without vsock).
     pub selftest: bool,
+    /// `pvisor.net=1`: the guest has a virtio-net device to the sandbox's
+    /// network process: configure `eth0`, the default route, and write
+    /// `/etc/resolv.conf` (default off: loopback only).
+    pub net: bool,
 }
 
 impl Default for GuestCmdline {
@@ -42,6 +46,7 @@ impl Default for GuestCmdline {
             port: 1024,
             hostname: "sandbox".into(),
             selftest: false,
+            net: false,
         }
     }
 }
@@ -65,6 +70,7 @@ impl GuestCmdline {
                 "port" => cfg.port = port(value)?,
                 "hostname" => cfg.hostname = hostname(value)?,
                 "selftest" => cfg.selftest = flag(key, value)?,
+                "net" => cfg.net = flag(key, value)?,
                 _ => return Err(GuestError::Cmdline { key: word.to_string(), reason: "unknown key".into() }),
             }
         }
@@ -173,15 +179,17 @@ mod tests {
         assert_eq!(c.port, 1024);
         assert_eq!(c.hostname, "sandbox");
         assert!(!c.selftest);
+        assert!(!c.net);
     }
 
     #[test]
     fn every_key() {
         let c = GuestCmdline::parse(
             "console=ttyS0 pvisor.root=/dev/vdc pvisor.scratch=/dev/vdd pvisor.port=5000 \
-             pvisor.hostname=box-1.local pvisor.selftest=1",
+             pvisor.hostname=box-1.local pvisor.selftest=1 pvisor.net=1",
         )
         .unwrap();
+        assert!(c.net);
         assert_eq!(c.root, PathBuf::from("/dev/vdc"));
         assert_eq!(c.scratch, PathBuf::from("/dev/vdd"));
         assert_eq!(c.port, 5000);
@@ -194,6 +202,8 @@ mod tests {
         assert!(GuestCmdline::parse("pvisor.selftest").unwrap().selftest);
         assert!(!GuestCmdline::parse("pvisor.selftest=0").unwrap().selftest);
         assert_eq!(key_of(GuestCmdline::parse("pvisor.selftest=yes").unwrap_err()), "pvisor.selftest");
+        assert!(!GuestCmdline::parse("pvisor.net=0").unwrap().net);
+        assert_eq!(key_of(GuestCmdline::parse("pvisor.net=2").unwrap_err()), "pvisor.net");
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod boot;
 pub mod cmdline;
 pub mod console;
 pub mod error;
+pub mod etc;
 pub mod mounts;
 pub mod net;
 pub mod power;

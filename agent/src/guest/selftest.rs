@@ -38,6 +38,7 @@ pub fn run_selftest(cfg: &GuestCmdline) -> usize {
         ("mounts", sandbox_mounts()),
         ("hostname", hostname(&cfg.hostname)),
         ("loopback", loopback()),
+        ("network", network(cfg.net)),
         ("vsock", with_runtime(|rt| vsock_check(rt, cfg.port))),
         ("grpc", with_runtime(|rt| grpc_check(rt, cfg.port))),
     ];
@@ -133,6 +134,35 @@ fn loopback() -> Outcome {
     } else {
         Outcome::Fail("lo down".into())
     }
+}
+
+/// With `pvisor.net=1`: eth0 up at the sandbox's address with the device's
+/// MTU, the default route through netd, resolv.conf pointing at netd.
+fn network(enabled: bool) -> Outcome {
+    use pvisor_net::plan;
+    if !enabled {
+        return Outcome::Skip("no pvisor.net=1".into());
+    }
+    if !net::is_up(plan::IFACE) {
+        return Outcome::Fail(format!("{} is not up", plan::IFACE));
+    }
+    let route = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    // /proc/net/route: Iface Destination Gateway ..., addresses in host-order hex.
+    let gateway = format!("{:08X}", u32::from_le_bytes(plan::GATEWAY_IP.octets()));
+    let default = route.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 2 && f[0] == plan::IFACE && f[1] == "00000000" && f[2] == gateway
+    });
+    if !default {
+        return Outcome::Fail(format!("no default route via {} in /proc/net/route:\n{route}", plan::GATEWAY_IP));
+    }
+    match std::fs::read_to_string("/etc/resolv.conf") {
+        Ok(r) if r == plan::resolv_conf() => {}
+        Ok(r) => return Outcome::Fail(format!("/etc/resolv.conf is {r:?}")),
+        Err(e) => return Outcome::Fail(format!("read /etc/resolv.conf: {e}")),
+    }
+    let mtu = net::mtu_of(plan::IFACE).unwrap_or(0);
+    Outcome::Ok(format!("{} up, mtu {mtu}, default via {}, resolv.conf written", plan::IFACE, plan::GATEWAY_IP))
 }
 
 /// How long a vsock check waits for a connection to itself: a transport

@@ -200,6 +200,9 @@ pub fn boot(kernel: &Path, initrd: &Path, disks: &[Disk], extra_cmdline: &str, e
     );
     // Shown with --nocapture (cargo keeps a passing test's output to itself).
     println!("--- console ---\n{console}");
+    if !qemu_err.is_empty() {
+        println!("--- qemu ---\n{qemu_err}");
+    }
     if let Some(line) = console.lines().find(|l| l.starts_with("PVISOR-UPTIME")) {
         println!("guest uptime at /init (seconds, idle): {line}");
     }

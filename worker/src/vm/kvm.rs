@@ -1,14 +1,15 @@
 //! The product engine: the project's own VMM (`pvisor-vmm`) in this worker.
 //!
 //! Guest RAM is a memfd mapped into the worker; the kernel is booted
-//! directly (PVH) with the agent's initramfs; virtio-blk (image, scratch) and
-//! virtio-vsock sit behind virtio-mmio transports whose queues are served by
+//! directly (PVH) with the agent's initramfs; virtio-blk (image, scratch),
+//! virtio-vsock and (with a network) virtio-net sit behind virtio-mmio transports whose queues are served by
 //! one device thread; each vCPU runs on a thread of its own. vCPU threads
 //! install the `vcpu` filter before their first `KVM_RUN`; the device thread
 //! runs the `vmm_device` filter.
 use super::cmdline::{cmdline, AGENT_PORT};
 use super::console::{Console, FILE_CAP, MEMORY_CAP};
 use super::disks;
+use super::net;
 use crate::backend::{Sandbox, SandboxExit};
 use crate::config::VmConfig;
 use crate::error::{Result, WorkerError};
@@ -18,6 +19,7 @@ use pvisor_vmm::devices::virtio::mmio::MmioTransport;
 use pvisor_vmm::devices::virtio::vsock::{Vsock, VsockHandle};
 use pvisor_vmm::devices::virtio::VirtioDevice;
 use pvisor_vmm::{IoEventFd, VmBuilder, VmExit, VmHandle};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -56,7 +58,8 @@ fn add_virtio(b: &mut VmBuilder, events: &mut EventLoop, device: Box<dyn VirtioD
     Ok(())
 }
 
-pub fn start(vm: &VmConfig, hostname: &str, boot_timeout: Duration) -> Result<KvmSandbox> {
+/// `net_end`: the device's end of the network link, when the sandbox has one.
+pub fn start(vm: &VmConfig, hostname: &str, boot_timeout: Duration, net_end: Option<OwnedFd>) -> Result<KvmSandbox> {
     let root_disk = vm.root_disk.as_ref().ok_or_else(|| WorkerError::Config("vm: root_disk missing".into()))?;
     let console_file = std::fs::File::create(&vm.console_log)
         .map_err(|e| WorkerError::sys(format!("console {}", vm.console_log), e))?;
@@ -75,9 +78,13 @@ pub fn start(vm: &VmConfig, hostname: &str, boot_timeout: Duration) -> Result<Kv
     let vsock = Vsock::new(u64::from(vm.guest_cid), None).map_err(|e| WorkerError::Start(format!("vsock: {e}")))?;
     let vsock_handle = vsock.handle();
     add_virtio(&mut b, &mut events, Box::new(vsock))?;
+    let has_net = net_end.is_some();
+    if let Some(end) = net_end {
+        add_virtio(&mut b, &mut events, Box::new(net::device(end)?))?;
+    }
     let open = |p: &str| std::fs::File::open(p).map_err(|e| WorkerError::sys(format!("open {p}"), e));
     let (mut kernel, mut initramfs) = (open(&vm.kernel)?, open(&vm.initramfs)?);
-    b.load_pvh(&mut kernel, &cmdline(vm, hostname), Some(&mut initramfs)).map_err(vmm_err("boot"))?;
+    b.load_pvh(&mut kernel, &cmdline(vm, hostname, has_net), Some(&mut initramfs)).map_err(vmm_err("boot"))?;
     let console = Console::from_shared(b.console());
     let machine = b.build().map_err(vmm_err("vcpus"))?;
     let handle = machine.handle();

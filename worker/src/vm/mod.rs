@@ -4,6 +4,7 @@
 //! * [`disks`]: the image disk (the pool's erofs view) and the scratch disk.
 //! * [`cmdline`]: the guest kernel's command line and the agent's keys.
 //! * [`console`]: the guest's serial console, bounded.
+//! * [`net`]: the network link (virtio-net device ↔ netd socketpair).
 //! * [`kvm`]: the project's own VMM on KVM (the product path).
 //! * [`qemu`]: the QEMU TCG test engine, serving the same device models
 //!   over vhost-user.
@@ -12,6 +13,7 @@ pub mod console;
 pub mod disks;
 pub mod host;
 pub mod kvm;
+pub mod net;
 pub mod qemu;
 
 use crate::backend::{Backend, Sandbox, Started};
@@ -88,14 +90,23 @@ impl Backend for VmBackend {
             return Err(WorkerError::Config("vm: kernel, initramfs, scratch_disk and console_log are required".into()));
         }
         let boot = crate::AGENT_READY_TIMEOUT;
+        // With a network: the device's end of the link goes into the VM, the
+        // other end to netd.
+        let (device_end, net_link) = match &cfg.net {
+            Some(_) => {
+                let (device_end, link) = net::link()?;
+                (Some(device_end), Some(link))
+            }
+            None => (None, None),
+        };
         let sandbox: Box<dyn Sandbox> = match self.engine {
-            VmEngine::Kvm => Box::new(kvm::start(vm, &common.hostname, boot)?),
+            VmEngine::Kvm => Box::new(kvm::start(vm, &common.hostname, boot, device_end)?),
             VmEngine::QemuTcg => {
                 let dir = Path::new(&vm.console_log).parent().unwrap_or(Path::new("."));
-                Box::new(qemu::start(vm, &common.hostname, dir, boot)?)
+                Box::new(qemu::start(vm, &common.hostname, dir, boot, device_end)?)
             }
         };
-        Ok(Started { sandbox, net_link: None })
+        Ok(Started { sandbox, net_link })
     }
 
     fn threads(&self) -> &'static [ThreadFilter] {

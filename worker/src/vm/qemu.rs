@@ -3,8 +3,8 @@
 //! On hosts without hardware virtualization no Linux guest boots under the
 //! project's own VMM, so for tests the worker starts `qemu-system-x86_64 -M
 //! microvm` under TCG (no `-enable-kvm`) with the guest kernel and initramfs,
-//! and serves the guest's virtio-blk and virtio-vsock devices itself as
-//! vhost-user back-ends: the same device models as behind its own
+//! and serves the guest's virtio-blk, virtio-vsock and (with a network)
+//! virtio-net devices itself as vhost-user back-ends: the same device models as behind its own
 //! virtio-mmio transport. Guest memory is a memfd QEMU shares with the
 //! back-ends. The guest's serial console is QEMU's stdout, kept by the
 //! worker in a bounded log. This engine exists for testing; its timings are
@@ -12,6 +12,7 @@
 use super::cmdline::{cmdline, AGENT_PORT};
 use super::console::Console;
 use super::disks;
+use super::net;
 use crate::backend::{Sandbox, SandboxExit};
 use crate::config::VmConfig;
 use crate::error::{Result, WorkerError};
@@ -20,6 +21,7 @@ use nix::unistd::Pid;
 use pvisor_vmm::devices::virtio::block::Block;
 use pvisor_vmm::devices::virtio::vhost_user;
 use pvisor_vmm::devices::virtio::vsock::{Vsock, VsockHandle};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -48,8 +50,15 @@ fn vhost_err(what: &str) -> impl Fn(vhost_user::Error) -> WorkerError + '_ {
     move |e| WorkerError::Start(format!("{what}: {e}"))
 }
 
-/// Starts the back-ends, then QEMU. `dir` holds the sockets.
-pub fn start(vm: &VmConfig, hostname: &str, dir: &Path, boot_timeout: Duration) -> Result<QemuSandbox> {
+/// Starts the back-ends, then QEMU. `dir` holds the sockets. `net_end`: the
+/// device's end of the network link, when the sandbox has one.
+pub fn start(
+    vm: &VmConfig,
+    hostname: &str,
+    dir: &Path,
+    boot_timeout: Duration,
+    net_end: Option<OwnedFd>,
+) -> Result<QemuSandbox> {
     let root_disk = vm.root_disk.as_ref().ok_or_else(|| WorkerError::Config("vm: root_disk missing".into()))?;
     let root = disks::open_root(root_disk)?;
     let scratch = disks::open_scratch(&vm.scratch_disk)?;
@@ -69,6 +78,15 @@ pub fn start(vm: &VmConfig, hostname: &str, dir: &Path, boot_timeout: Duration) 
             .map_err(vhost_err("scratch disk"))?,
     );
     std::mem::forget(vhost_user::serve("vu-vsock", vsock, &vsock_sock).map_err(vhost_err("vsock"))?);
+    let net_sock = match net_end {
+        Some(end) => {
+            let sock = socket_path(dir, "vu-net.sock")?;
+            let server = vhost_user::net::serve_net("vu-net", net::device(end)?, &sock).map_err(vhost_err("net"))?;
+            std::mem::forget(server);
+            Some(sock)
+        }
+        None => None,
+    };
 
     let mem = format!("{}M", vm.memory_mib);
     let chardev = |id: &str, p: &Path| format!("socket,id={id},path={}", p.display());
@@ -79,7 +97,15 @@ pub fn start(vm: &VmConfig, hostname: &str, dir: &Path, boot_timeout: Duration) 
         .arg(format!("memory-backend-memfd,id=mem,size={mem},share=on"))
         .args(["-m", &mem, "-cpu", "max", "-smp", &vm.vcpus.max(1).to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-serial", "stdio"])
-        .args(["-no-reboot", "-kernel", &vm.kernel, "-initrd", &vm.initramfs, "-append", &cmdline(vm, hostname)])
+        .args([
+            "-no-reboot",
+            "-kernel",
+            &vm.kernel,
+            "-initrd",
+            &vm.initramfs,
+            "-append",
+            &cmdline(vm, hostname, net_sock.is_some()),
+        ])
         // The image first, then the scratch disk: vda and vdb in the guest.
         .args(["-chardev", &chardev("root", &root_sock), "-device", "vhost-user-blk,chardev=root,num-queues=1"])
         .args(["-chardev", &chardev("scratch", &scratch_sock)])
@@ -87,6 +113,17 @@ pub fn start(vm: &VmConfig, hostname: &str, dir: &Path, boot_timeout: Duration) 
         .args(["-chardev", &chardev("vs", &vsock_sock), "-device", "vhost-user-vsock-device,chardev=vs"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
+    if let Some(sock) = &net_sock {
+        // QEMU keeps the device's config (MAC, MTU) and would add a control
+        // queue; the props make the guest see the model as under KVM.
+        let device = format!(
+            "virtio-net-device,netdev=net0,mac={},host_mtu={},{}",
+            net::mac_string(),
+            net::MTU,
+            vhost_user::net::QEMU_DEVICE_PROPS
+        );
+        cmd.args(["-chardev", &chardev("net", sock), "-netdev", "vhost-user,id=net0,chardev=net", "-device", &device]);
+    }
     // QEMU jails itself (its seccomp sandbox) and dies with the worker.
     cmd.args(["-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]);
     // SAFETY: runs in the forked child before exec; prctl takes integers only.

@@ -12,10 +12,13 @@
 //! * [`block`]: virtio-blk over a [`block::BlockBackend`].
 //! * [`vsock`]: virtio-vsock with a user-space back-end whose host side is
 //!   Unix sockets.
+//! * [`net`]: virtio-net whose wire is a SOCK_SEQPACKET socket to the
+//!   sandbox's network process (one Ethernet frame per message).
 
 pub mod block;
 pub mod event_loop;
 pub mod mmio;
+pub mod net;
 pub mod vhost_user;
 pub mod vsock;
 
@@ -78,7 +81,7 @@ impl UsedQueues {
 /// a device whose work on one queue produces buffers on another (vsock: a
 /// guest REQUEST on tx is answered on rx) can do so.
 pub trait VirtioDevice: Send {
-    /// The virtio device id (2 block, 19 vsock).
+    /// The virtio device id (1 net, 2 block, 19 vsock).
     fn device_type(&self) -> u32;
 
     /// Features offered to the driver; must include [`VIRTIO_F_VERSION_1`].

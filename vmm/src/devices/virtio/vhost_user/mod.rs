@@ -33,10 +33,12 @@
 //!   `prctl`, `set_robust_list`, `rseq`, `gettid`, `exit`).
 
 mod backend;
+pub mod net;
+mod proxy;
 mod server;
 
 pub use backend::VhostUserDevice;
-pub use server::{serve, VhostUserServer};
+pub use server::{serve, serve_device, VhostUserServer};
 
 /// Errors of the vhost-user back-ends.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +59,12 @@ pub enum Error {
     Spawn(#[source] std::io::Error),
     #[error("serving the front-end: {0}")]
     Serve(vhost_user_backend::Error),
+    #[error("vhost-user relay at {path}: {source}")]
+    Relay {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the server thread panicked")]
     Panicked,
 }

@@ -38,9 +38,19 @@ impl<D: VirtioDevice + 'static> VhostUserServer<D> {
 /// may connect as soon as this returns, then serves `device` to the first
 /// front-end that connects, on a new thread named `name`.
 pub fn serve<D: VirtioDevice + 'static>(name: &str, device: D, socket: &Path) -> Result<VhostUserServer<D>, Error> {
+    serve_device(name, VhostUserDevice::new(device).map_err(Error::ExitEvent)?, socket)
+}
+
+/// [`serve`] with the back-end already wrapped (e.g.
+/// [`VhostUserDevice::without_protocol_features`]).
+pub fn serve_device<D: VirtioDevice + 'static>(
+    name: &str,
+    device: VhostUserDevice<D>,
+    socket: &Path,
+) -> Result<VhostUserServer<D>, Error> {
     let mut listener =
         Listener::new(socket, true).map_err(|source| Error::Bind { path: socket.to_path_buf(), source })?;
-    let device = Arc::new(VhostUserDevice::new(device).map_err(Error::ExitEvent)?);
+    let device = Arc::new(device);
     let mut daemon =
         VhostUserDaemon::new(name.to_string(), device.clone(), GuestMemoryAtomic::new(GuestMemory::default()))
             .map_err(Error::Daemon)?;
