@@ -3,6 +3,12 @@
 //! here, and smoltcp's output goes straight to the link.
 //!
 //! Frame buffers are pooled: a burst allocates a few, steady state none.
+//!
+//! Backpressure: when the link cannot take a frame (its peer reads slower
+//! than netd writes), that frame is kept and the link is *full*: smoltcp gets
+//! no transmit token (its data waits in the sockets' buffers instead of being
+//! dropped and retransmitted), and frames netd builds itself are dropped,
+//! until the link is writable again ([`Device::writable`]).
 use std::collections::VecDeque;
 use std::io;
 
@@ -22,6 +28,10 @@ pub struct Device {
     pool: Vec<Vec<u8>>,
     tx: Vec<u8>,
     mtu: usize,
+    /// The link refused a frame, kept in `stash` (if `stashed`).
+    full: bool,
+    stash: Vec<u8>,
+    stashed: bool,
     pub tx_bytes: u64,
     pub tx_dropped: u64,
     /// A link write error smoltcp's token could not return.
@@ -37,6 +47,9 @@ impl Device {
             pool: Vec::new(),
             tx: Vec::new(),
             mtu,
+            full: false,
+            stash: Vec::new(),
+            stashed: false,
             tx_bytes: 0,
             tx_dropped: 0,
             error: None,
@@ -72,13 +85,37 @@ impl Device {
         self.rx.len() >= RX_QUEUE
     }
 
-    /// Sends a frame netd built itself.
+    /// Sends a frame netd built itself (dropped while the link is full).
     pub fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        if self.full {
+            self.tx_dropped += 1;
+            return Ok(());
+        }
         if self.link.send(frame)? {
             self.tx_bytes += frame.len() as u64;
         } else {
-            self.tx_dropped += 1;
+            self.keep(frame);
         }
+        Ok(())
+    }
+
+    fn keep(&mut self, frame: &[u8]) {
+        self.stash.clear();
+        self.stash.extend_from_slice(frame);
+        self.stashed = true;
+        self.full = true;
+    }
+
+    /// The link reported room: sends the kept frame, and lets smoltcp transmit again.
+    pub fn writable(&mut self) -> io::Result<()> {
+        if self.stashed {
+            if !self.link.send(&self.stash)? {
+                return Ok(());
+            }
+            self.tx_bytes += self.stash.len() as u64;
+            self.stashed = false;
+        }
+        self.full = false;
         Ok(())
     }
 }
@@ -92,6 +129,9 @@ pub struct RxToken<'a> {
 pub struct TxToken<'a> {
     link: &'a Link,
     tx: &'a mut Vec<u8>,
+    full: &'a mut bool,
+    stash: &'a mut Vec<u8>,
+    stashed: &'a mut bool,
     tx_bytes: &'a mut u64,
     tx_dropped: &'a mut u64,
     error: &'a mut Option<io::Error>,
@@ -111,9 +151,18 @@ impl phy::TxToken for TxToken<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
         self.tx.resize(len, 0);
         let r = f(&mut self.tx[..len]);
+        if *self.full {
+            // Only a receive token's reply can get here while full (ARP, RST).
+            *self.tx_dropped += 1;
+            return r;
+        }
         match self.link.send(&self.tx[..len]) {
             Ok(true) => *self.tx_bytes += len as u64,
-            Ok(false) => *self.tx_dropped += 1,
+            Ok(false) => {
+                std::mem::swap(self.stash, self.tx);
+                *self.stashed = true;
+                *self.full = true;
+            }
             Err(e) => *self.error = Some(e),
         }
         r
@@ -126,13 +175,16 @@ impl phy::Device for Device {
 
     fn receive(&mut self, _now: Instant) -> Option<(RxToken<'_>, TxToken<'_>)> {
         let (buf, len) = self.rx.pop_front()?;
-        let Device { link, pool, tx, tx_bytes, tx_dropped, error, .. } = self;
-        Some((RxToken { buf, len, pool }, TxToken { link, tx, tx_bytes, tx_dropped, error }))
+        let Device { link, pool, tx, full, stash, stashed, tx_bytes, tx_dropped, error, .. } = self;
+        Some((RxToken { buf, len, pool }, TxToken { link, tx, full, stash, stashed, tx_bytes, tx_dropped, error }))
     }
 
     fn transmit(&mut self, _now: Instant) -> Option<TxToken<'_>> {
-        let Device { link, tx, tx_bytes, tx_dropped, error, .. } = self;
-        Some(TxToken { link, tx, tx_bytes, tx_dropped, error })
+        if self.full {
+            return None;
+        }
+        let Device { link, tx, full, stash, stashed, tx_bytes, tx_dropped, error, .. } = self;
+        Some(TxToken { link, tx, full, stash, stashed, tx_bytes, tx_dropped, error })
     }
 
     fn capabilities(&self) -> DeviceCapabilities {

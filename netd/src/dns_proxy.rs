@@ -20,10 +20,17 @@ use crate::names::Names;
 /// A question not answered upstream in this time gets SERVFAIL.
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Where the answer to a question goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// A UDP datagram from `server` (the address the sandbox asked) to `client`.
+    Udp { mac: EthernetAddress, server: SocketAddrV4, client: SocketAddrV4 },
+    /// The DNS-over-TCP connection `conn` (dns_tcp.rs).
+    Tcp { conn: u64 },
+}
+
 struct Pending {
-    client: SocketAddrV4,
-    server: SocketAddrV4,
-    mac: EthernetAddress,
+    route: Route,
     id: u16,
     name: String,
     /// Header and question of the query (for a SERVFAIL).
@@ -31,11 +38,9 @@ struct Pending {
     deadline: Instant,
 }
 
-/// A DNS message for the sandbox: from `server` (the address it asked) to `client`.
+/// A DNS message for the sandbox, and where it goes.
 pub struct ToGuest<'a> {
-    pub mac: EthernetAddress,
-    pub server: SocketAddrV4,
-    pub client: SocketAddrV4,
+    pub route: Route,
     pub msg: &'a [u8],
 }
 
@@ -74,15 +79,7 @@ impl Dns {
 
     /// A question from the sandbox. Returns the reply to send at once, if
     /// netd answers it itself.
-    pub fn query(
-        &mut self,
-        msg: &[u8],
-        client: SocketAddrV4,
-        server: SocketAddrV4,
-        mac: EthernetAddress,
-        judge: &dyn Judge,
-        now: Instant,
-    ) -> Option<&[u8]> {
+    pub fn query(&mut self, msg: &[u8], route: Route, judge: &dyn Judge, now: Instant) -> Option<&[u8]> {
         self.queries += 1;
         let q = dns::parse_query(msg).ok()?;
         let rcode = if matches!(q.qtype, dns::TYPE_AAAA | dns::TYPE_HTTPS | dns::TYPE_SVCB) {
@@ -109,10 +106,7 @@ impl Dns {
             return Some(&self.out);
         }
         let query = msg[..q.end].to_vec();
-        self.pending.insert(
-            id,
-            Pending { client, server, mac, id: q.id, name: q.name, query, deadline: now + UPSTREAM_TIMEOUT },
-        );
+        self.pending.insert(id, Pending { route, id: q.id, name: q.name, query, deadline: now + UPSTREAM_TIMEOUT });
         None
     }
 
@@ -138,7 +132,7 @@ impl Dns {
                 names.bind(a.addr, &p.name, dns::binding_ttl(a.ttl), now);
             }
             dns::set_id(msg, p.id);
-            send(ToGuest { mac: p.mac, server: p.server, client: p.client, msg });
+            send(ToGuest { route: p.route, msg });
         }
     }
 
@@ -149,8 +143,13 @@ impl Dns {
             let Some(p) = self.pending.remove(&id) else { continue };
             let Ok(q) = dns::parse_query(&p.query) else { continue };
             dns::reply(&p.query, &q, dns::RCODE_SERVFAIL, &mut self.out);
-            send(ToGuest { mac: p.mac, server: p.server, client: p.client, msg: &self.out });
+            send(ToGuest { route: p.route, msg: &self.out });
         }
+    }
+
+    /// Forgets the questions of a closed DNS-over-TCP connection.
+    pub fn forget(&mut self, conn: u64) {
+        self.pending.retain(|_, p| p.route != Route::Tcp { conn });
     }
 
     /// The earliest deadline of a pending question.

@@ -10,14 +10,16 @@
 //!
 //! The data path ([`stack`]): every frame from the link is classified by hand
 //! ([`frames`]): ARP for the gateway and resolver and TCP go to smoltcp
-//! ([`device`]); DNS ([`dns_proxy`]) and other UDP ([`udp`]) are answered
-//! from host sockets without smoltcp; a TCP SYN is judged and, if allowed,
+//! ([`device`]); DNS ([`dns_proxy`], over TCP [`dns_tcp`]) and other UDP ([`udp`]) are answered
+//! from host sockets without smoltcp, ICMP echo through a ping socket where
+//! the host allows one ([`ping`]); a TCP SYN is judged and, if allowed,
 //! held until the host connect succeeds ([`tcp`]). Every decision goes
 //! through a [`judge::Judge`] so tests can permit what the real policy
 //! forbids (loopback servers).
 pub mod control;
 pub mod device;
 pub mod dns_proxy;
+pub mod dns_tcp;
 pub mod error;
 pub mod frames;
 pub mod hostaddr;
@@ -26,6 +28,7 @@ pub mod judge;
 pub mod limits;
 pub mod link;
 pub mod names;
+pub mod ping;
 pub mod stack;
 pub mod tcp;
 pub mod udp;

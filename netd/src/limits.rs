@@ -7,6 +7,14 @@ use pvisor_proto::net::NetLimits;
 pub const DEFAULT_MAX_FLOWS: usize = 1024;
 /// Per direction, per TCP flow (smoltcp's window; ≥ 64 KiB uses window scaling).
 pub const DEFAULT_TCP_BUFFER_BYTES: usize = 256 * 1024;
+/// TCP flow buffers (both directions) netd hands out at full size in all;
+/// flows opened past it get [`SMALL_TCP_BUFFER_BYTES`] per direction, so many
+/// concurrent connections still work, slower, and the worst case stays at
+/// this plus max_flows × 2 × the small size (64 + 32 MiB by default) instead of
+/// max_flows × 2 × the full size (512 MiB).
+pub const TCP_MEMORY_BUDGET: usize = 64 << 20;
+/// The buffer of a flow opened past [`TCP_MEMORY_BUDGET`].
+pub const SMALL_TCP_BUFFER_BYTES: usize = 16 << 10;
 /// UDP datagrams per second the sandbox may send (DNS included); excess dropped.
 pub const DEFAULT_UDP_PACKETS_PER_SEC: u32 = 20_000;
 /// DNS questions forwarded upstream and not answered yet.

@@ -21,20 +21,22 @@ use smoltcp::iface::{Config, Interface, SocketSet};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr};
 
 use crate::device::Device;
-use crate::dns_proxy::{Dns, ToGuest};
+use crate::dns_proxy::{Dns, Route, ToGuest};
 use crate::error::Error;
 use crate::frames::{self, Ingress};
 use crate::hostaddr::HostAddrs;
 use crate::judge::Judge;
-use crate::limits::Limits;
+use crate::limits::{Limits, SMALL_TCP_BUFFER_BYTES, TCP_MEMORY_BUDGET};
 use crate::link::{Link, MAX_FRAME};
 use crate::names::Names;
-use crate::{tcp, udp};
+use crate::ping::Ping;
+use crate::{dns_tcp, tcp, udp};
 
 const LINK: Token = Token(0);
 /// The control socket's token ([`Stack::watch`]).
 pub const CONTROL: Token = Token(1);
 const DNS: Token = Token(2);
+const PING: Token = Token(3);
 const TCP_BASE: usize = 1 << 24;
 const UDP_BASE: usize = 2 << 24;
 /// Frames read from the link per turn before host sockets get their turn.
@@ -65,6 +67,11 @@ pub struct Stack {
     tcp: tcp::Flows,
     udp: udp::Flows,
     dns: Dns,
+    dns_tcp: dns_tcp::Conns,
+    /// The ping socket: not tried yet, there, or refused by the host.
+    ping: PingState,
+    /// The sandbox's MAC, as last seen (for echo replies).
+    guest_mac: EthernetAddress,
     judge: Box<dyn Judge>,
     names: Names,
     hosts: HostAddrs,
@@ -79,6 +86,14 @@ pub struct Stack {
     housekeeping_at: Instant,
     rx_bytes: u64,
     flows_denied: u64,
+    /// Buffer bytes held by open TCP flows (see limits::TCP_MEMORY_BUDGET).
+    tcp_memory: usize,
+}
+
+enum PingState {
+    Untried,
+    Open(Ping),
+    Unavailable,
 }
 
 /// A seed for smoltcp's ISNs and the DNS ids.
@@ -139,7 +154,9 @@ impl Stack {
         let link = Link::new(link).map_err(Error::Link)?;
         let poll = Poll::new().map_err(Error::Poll)?;
         let link_fd = link.raw_fd();
-        poll.registry().register(&mut SourceFd(&link_fd), LINK, Interest::READABLE).map_err(Error::Poll)?;
+        poll.registry()
+            .register(&mut SourceFd(&link_fd), LINK, Interest::READABLE | Interest::WRITABLE)
+            .map_err(Error::Poll)?;
         let mut dns_sock =
             UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))).map_err(|e| Error::Config(e.to_string()))?;
         poll.registry().register(&mut dns_sock, DNS, Interest::READABLE).map_err(Error::Poll)?;
@@ -169,6 +186,9 @@ impl Stack {
             tcp: tcp::Flows::default(),
             udp: udp::Flows::default(),
             dns: Dns::new(dns_sock, upstream, seed.rotate_left(32)),
+            dns_tcp: dns_tcp::Conns::default(),
+            ping: PingState::Untried,
+            guest_mac: EthernetAddress(plan::GUEST_MAC),
             judge,
             names: Names::default(),
             hosts: HostAddrs::default(),
@@ -180,6 +200,7 @@ impl Stack {
             housekeeping_at: epoch,
             rx_bytes: 0,
             flows_denied: 0,
+            tcp_memory: 0,
         })
     }
 
@@ -201,7 +222,7 @@ impl Stack {
         NetStats {
             tx_bytes: self.dev.tx_bytes,
             rx_bytes: self.rx_bytes,
-            flows: (self.tcp.len() + self.udp.len()) as u32,
+            flows: self.flows() as u32,
             flows_denied: self.flows_denied,
             dns_queries: self.dns.queries,
         }
@@ -226,6 +247,19 @@ impl Stack {
     /// One turn of the loop: waits for events (at most until smoltcp's next
     /// timer), moves frames and data, returns what the caller must handle.
     pub fn turn(&mut self) -> Result<Turn, Error> {
+        match self.turn_inner() {
+            // The sandbox's end of a SOCK_SEQPACKET link went away mid-write.
+            // (EBADFD: a tap whose device went with the sandbox's namespace.)
+            Err(Error::Link(e))
+                if matches!(e.raw_os_error(), Some(libc::ECONNRESET) | Some(libc::EPIPE) | Some(libc::EBADFD)) =>
+            {
+                Ok(Turn { control: false, link_closed: true })
+            }
+            r => r,
+        }
+    }
+
+    fn turn_inner(&mut self) -> Result<Turn, Error> {
         let timeout = self.timeout(Instant::now());
         match self.poll.poll(&mut self.events, Some(timeout)) {
             Ok(()) => {}
@@ -233,14 +267,18 @@ impl Stack {
             Err(e) => return Err(Error::Poll(e)),
         }
         let mut turn = Turn::default();
-        let (mut link, mut dns) = (self.link_pending, false);
+        let (mut link, mut dns, mut ping, mut link_room) = (self.link_pending, false, false, false);
         let mut connecting = Vec::new();
         let mut udp_ready = Vec::new();
         for ev in self.events.iter() {
             match ev.token() {
-                LINK => link = true,
+                LINK => {
+                    link |= ev.is_readable() || ev.is_read_closed() || ev.is_error();
+                    link_room |= ev.is_writable();
+                }
                 CONTROL => turn.control = true,
                 DNS => dns = true,
+                PING => ping = true,
                 Token(t) if (TCP_BASE..UDP_BASE).contains(&t) => {
                     if let Some(f) = self.tcp.get_mut(t - TCP_BASE) {
                         f.readable |= ev.is_readable() || ev.is_read_closed() || ev.is_error();
@@ -255,6 +293,9 @@ impl Stack {
             }
         }
         let now = Instant::now();
+        if link_room {
+            self.dev.writable().map_err(Error::Link)?;
+        }
         if link {
             turn.link_closed = self.read_link(now)?;
         }
@@ -267,8 +308,12 @@ impl Stack {
         for slot in udp_ready {
             self.udp_replies(slot, now)?;
         }
+        if ping {
+            self.ping_replies(now)?;
+        }
         self.poll_smoltcp(now)?;
         self.service_tcp();
+        self.service_dns_tcp(now);
         // What servicing queued (data, FINs, RSTs) goes out now.
         self.poll_smoltcp(now)?;
         if now >= self.housekeeping_at {
@@ -319,7 +364,10 @@ impl Stack {
     fn ingress(&mut self, buf: Vec<u8>, n: usize, now: Instant) -> Result<(), Error> {
         let (mac, ingress) = frames::classify(&buf[..n]);
         match ingress {
-            Ingress::Arp { target } if target == plan::GATEWAY_IP || target == plan::DNS_IP => {
+            // netd answers for every address of the sandbox's subnet but the
+            // sandbox's own, so that a connect to a neighbour is refused at
+            // once rather than after an ARP timeout.
+            Ingress::Arp { target } if in_plan_subnet(target) && target != plan::SANDBOX_IP => {
                 self.dev.push_rx(buf, n);
             }
             Ingress::Tcp { src, dst, syn, ack, rst, seq, seg_len } => {
@@ -329,6 +377,20 @@ impl Stack {
                     Some(f) if matches!(f.state, tcp::State::Connecting { .. }) => self.dev.recycle(buf),
                     Some(_) => {
                         self.dev.push_rx(buf, n);
+                    }
+                    None if self.dns_tcp.contains(&key) => {
+                        self.dev.push_rx(buf, n);
+                    }
+                    // DNS over TCP, at any address: netd answers it itself.
+                    None if syn && !ack && !rst && dst.port() == 53 => {
+                        if self.flows() < self.limits.max_flows && self.dns_tcp.len() < dns_tcp::MAX_CONNS {
+                            self.dns_tcp.open(key, &mut self.sockets);
+                            self.dev.push_rx(buf, n);
+                        } else {
+                            self.flows_denied += 1;
+                            self.refuse_tcp(key, mac, seq, seg_len)?;
+                            self.dev.recycle(buf);
+                        }
                     }
                     None if syn && !ack && !rst => {
                         self.new_tcp(key, mac, &buf[..n], seq, seg_len)?;
@@ -343,7 +405,8 @@ impl Stack {
             Ingress::Udp { src, dst, payload } => {
                 if self.udp_rate.take(now) {
                     if dst.port() == 53 {
-                        if let Some(reply) = self.dns.query(payload, src, dst, mac, &*self.judge, now) {
+                        let route = Route::Udp { mac, server: dst, client: src };
+                        if let Some(reply) = self.dns.query(payload, route, &*self.judge, now) {
                             frames::udp(&mut self.out, mac, dst, src, reply);
                             self.dev.send(&self.out).map_err(Error::Link)?;
                         }
@@ -353,14 +416,22 @@ impl Stack {
                 }
                 self.dev.recycle(buf);
             }
-            // ICMP echo is not forwarded (yet): dropped, like every other frame.
+            // Pings of netd's own addresses: smoltcp answers them.
+            Ingress::IcmpEcho { dst, .. } if dst == plan::GATEWAY_IP || dst == plan::DNS_IP => {
+                self.dev.push_rx(buf, n);
+            }
+            Ingress::IcmpEcho { src, dst, ident, seq, data } => {
+                self.guest_mac = mac;
+                self.echo(src, dst, ident, seq, data, now);
+                self.dev.recycle(buf);
+            }
             _ => self.dev.recycle(buf),
         }
         Ok(())
     }
 
     fn flows(&self) -> usize {
-        self.tcp.len() + self.udp.len()
+        self.tcp.len() + self.udp.len() + self.dns_tcp.len()
     }
 
     /// Whether a new flow to `dst` may start; `udp` for the QUIC rule.
@@ -416,7 +487,12 @@ impl Stack {
         match flow.connect_result() {
             Ok(false) => Ok(()),
             Ok(true) => {
-                let handle = self.sockets.add(tcp::socket(&flow.key, self.limits.tcp_buffer_bytes));
+                let full = self.limits.tcp_buffer_bytes;
+                let buffer =
+                    if self.tcp_memory + 2 * full <= TCP_MEMORY_BUDGET { full } else { SMALL_TCP_BUFFER_BYTES };
+                flow.buffer_bytes = 2 * buffer;
+                self.tcp_memory += 2 * buffer;
+                let handle = self.sockets.add(tcp::socket(&flow.key, buffer));
                 let tcp::State::Connecting { syn, .. } =
                     std::mem::replace(&mut flow.state, tcp::State::Open { handle })
                 else {
@@ -449,10 +525,66 @@ impl Stack {
                     let _ = self.poll.registry().deregister(&mut flow.stream);
                     if let tcp::State::Open { handle } = flow.state {
                         self.sockets.remove(handle);
+                        self.tcp_memory -= flow.buffer_bytes;
                     }
                 }
             }
         }
+    }
+
+    fn service_dns_tcp(&mut self, now: Instant) {
+        let mut questions = Vec::new();
+        let mut closed = Vec::new();
+        self.dns_tcp.service(&mut self.sockets, |id, q| questions.push((id, q.to_vec())), |id| closed.push(id));
+        for id in closed {
+            self.dns.forget(id);
+        }
+        for (id, q) in questions {
+            if let Some(reply) = self.dns.query(&q, Route::Tcp { conn: id }, &*self.judge, now) {
+                self.dns_tcp.answer(id, reply, &mut self.sockets);
+            }
+        }
+    }
+
+    /// An echo request elsewhere: judged like a flow, sent through the ping
+    /// socket if the host allows one, else dropped.
+    fn echo(&mut self, src: Ipv4Addr, dst: Ipv4Addr, ident: u16, seq: u16, data: &[u8], now: Instant) {
+        if in_plan_subnet(dst) || !self.udp_rate.take(now) {
+            return;
+        }
+        let is_host = self.hosts.is_host(dst, now);
+        let names = self.names.lookup(dst, now);
+        if !self.judge.judge(dst, &names, is_host).allow {
+            self.flows_denied += 1;
+            return;
+        }
+        if let PingState::Untried = self.ping {
+            self.ping = match Ping::open() {
+                Ok(p) => {
+                    let fd = p.raw_fd();
+                    match self.poll.registry().register(&mut SourceFd(&fd), PING, Interest::READABLE) {
+                        Ok(()) => PingState::Open(p),
+                        Err(_) => PingState::Unavailable,
+                    }
+                }
+                Err(_) => PingState::Unavailable,
+            };
+        }
+        if let PingState::Open(p) = &mut self.ping {
+            p.send(src, dst, ident, seq, data, now);
+        }
+    }
+
+    fn ping_replies(&mut self, now: Instant) -> Result<(), Error> {
+        let PingState::Open(p) = &mut self.ping else { return Ok(()) };
+        let (dev, out, mac, mut err) = (&mut self.dev, &mut self.out, self.guest_mac, None);
+        p.replies(now, |r| {
+            frames::echo_reply(out, mac, r.from, r.to, r.ident, r.seq, r.data);
+            if let Err(e) = dev.send(out) {
+                err = Some(e);
+            }
+        });
+        err.map_or(Ok(()), |e| Err(Error::Link(e)))
     }
 
     /// A datagram from the sandbox to `key.remote` (not DNS).
@@ -507,13 +639,9 @@ impl Stack {
     }
 
     fn dns_answers(&mut self, now: Instant) -> Result<(), Error> {
-        let (dev, out, mut err) = (&mut self.dev, &mut self.out, None);
-        let send = |m: ToGuest<'_>| {
-            frames::udp(out, m.mac, m.server, m.client, m.msg);
-            if let Err(e) = dev.send(out) {
-                err = Some(e);
-            }
-        };
+        let (dev, out, conns, sockets, mut err) =
+            (&mut self.dev, &mut self.out, &mut self.dns_tcp, &mut self.sockets, None);
+        let send = |m: ToGuest<'_>| deliver(m, dev, out, conns, sockets, &mut err);
         self.dns.answers(&mut self.names, now, send).map_err(Error::Poll)?;
         err.map_or(Ok(()), |e| Err(Error::Link(e)))
     }
@@ -526,13 +654,29 @@ impl Stack {
             }
         }
         self.names.expire(now);
-        let (dev, out, mut err) = (&mut self.dev, &mut self.out, None);
-        self.dns.expire(now, |m| {
-            frames::udp(out, m.mac, m.server, m.client, m.msg);
-            if let Err(e) = dev.send(out) {
-                err = Some(e);
-            }
-        });
+        let (dev, out, conns, sockets, mut err) =
+            (&mut self.dev, &mut self.out, &mut self.dns_tcp, &mut self.sockets, None);
+        self.dns.expire(now, |m| deliver(m, dev, out, conns, sockets, &mut err));
         err.map_or(Ok(()), |e| Err(Error::Link(e)))
+    }
+}
+
+/// Sends a DNS message to the sandbox the way its question came.
+fn deliver(
+    m: ToGuest<'_>,
+    dev: &mut Device,
+    out: &mut Vec<u8>,
+    conns: &mut dns_tcp::Conns,
+    sockets: &mut SocketSet<'static>,
+    err: &mut Option<io::Error>,
+) {
+    match m.route {
+        Route::Udp { mac, server, client } => {
+            frames::udp(out, mac, server, client, m.msg);
+            if let Err(e) = dev.send(out) {
+                *err = Some(e);
+            }
+        }
+        Route::Tcp { conn } => conns.answer(conn, m.msg, sockets),
     }
 }

@@ -12,6 +12,9 @@ use smoltcp::iface::{SocketHandle, SocketSet};
 use smoltcp::socket::tcp::{self, State as TcpState};
 use smoltcp::wire::{EthernetAddress, IpListenEndpoint};
 
+/// How long a sandbox may leave sent data unacknowledged.
+const GUEST_TIMEOUT_SECS: u64 = 120;
+
 /// A flow's identity: the sandbox's end and the remote end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key {
@@ -28,6 +31,8 @@ pub enum State {
 
 pub struct Flow {
     pub key: Key,
+    /// Bytes of smoltcp buffer (both directions) the flow holds once open.
+    pub buffer_bytes: usize,
     pub mac: EthernetAddress,
     pub stream: TcpStream,
     pub state: State,
@@ -54,6 +59,7 @@ impl Flow {
     pub fn new(key: Key, mac: EthernetAddress, stream: TcpStream, syn: Vec<u8>, seq: u32, seg_len: u32) -> Flow {
         Flow {
             key,
+            buffer_bytes: 0,
             mac,
             stream,
             state: State::Connecting { syn, seq, seg_len },
@@ -163,6 +169,11 @@ impl Flow {
 pub fn socket(key: &Key, buffer: usize) -> tcp::Socket<'static> {
     let mut s = tcp::Socket::new(tcp::SocketBuffer::new(vec![0; buffer]), tcp::SocketBuffer::new(vec![0; buffer]));
     s.set_nagle_enabled(false);
+    // ACK at once: the sandbox's sender should not wait on netd's timers.
+    s.set_ack_delay(None);
+    // A sandbox that stops acknowledging what netd sent is given up on (RST)
+    // after this; an idle connection with nothing in flight is never timed out.
+    s.set_timeout(Some(smoltcp::time::Duration::from_secs(GUEST_TIMEOUT_SECS)));
     // A fresh socket in the Closed state always accepts a listen; the
     // endpoint's port is never 0 (the SYN's destination port).
     let _ = s.listen(IpListenEndpoint { addr: Some((*key.remote.ip()).into()), port: key.remote.port() });

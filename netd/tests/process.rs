@@ -122,6 +122,13 @@ fn run_netd_as(without_caps: bool, user: Option<u32>) {
     assert_eq!(r.error, "", "start accepted");
 
     let pid = child.id();
+    // Informational (the target is ≤ 2 MiB for an idle netd; a debug build is larger).
+    eprintln!(
+        "netd idle after start: VmRSS {} (RssAnon {}, RssFile {})",
+        status_field(pid, "VmRSS:"),
+        status_field(pid, "RssAnon:"),
+        status_field(pid, "RssFile:")
+    );
     assert_eq!(status_field(pid, "Seccomp:"), "2", "the netd filter is on");
     assert_eq!(status_field(pid, "CapEff:"), "0000000000000000");
     assert_eq!(status_field(pid, "CapPrm:"), "0000000000000000");

@@ -13,13 +13,34 @@ use smoltcp::socket::tcp;
 const DENIED: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 7);
 
 #[test]
-fn arp_for_the_gateway_and_the_resolver_is_answered() {
+fn arp_is_answered_for_the_subnet_but_the_sandbox_itself() {
     let netd = Netd::start(NetConfig::default(), vec![]);
-    for ip in [plan::GATEWAY_IP, plan::DNS_IP] {
+    let neighbour = Ipv4Addr::new(10, 0, 2, 5);
+    for ip in [plan::GATEWAY_IP, plan::DNS_IP, neighbour] {
+        // The sandbox's own address and addresses off the subnet get no answer,
+        // so the first reply is the one asked next.
+        netd.send(&arp_request(plan::SANDBOX_IP));
+        netd.send(&arp_request(Ipv4Addr::new(203, 0, 113, 1)));
         netd.send(&arp_request(ip));
         let (mac, from) = netd.expect("ARP reply", arp_reply);
         assert_eq!((mac.0, from), (plan::GATEWAY_MAC, ip));
     }
+    // A neighbour is refused at once, like every address of the subnet but DNS.
+    netd.send(&syn_frame(43100, SocketAddrV4::new(neighbour, 80), 5));
+    assert_eq!(netd.expect("RST from a neighbour", rst_to_guest), 6);
+    netd.stop();
+}
+
+#[test]
+fn pings_of_the_gateway_are_answered_others_dropped() {
+    let netd = Netd::start(NetConfig::default(), vec![]);
+    netd.send(&arp_request(plan::GATEWAY_IP));
+    netd.expect("ARP reply", arp_reply);
+    // Elsewhere (no ping socket forwarding yet): dropped, so the gateway's reply is the first.
+    netd.send(&echo_request(Ipv4Addr::new(203, 0, 113, 1), 7, b"far"));
+    netd.send(&echo_request(plan::GATEWAY_IP, 8, b"near"));
+    let (from, seq, data) = netd.expect("echo reply", echo_reply);
+    assert_eq!((from, seq, data.as_slice()), (plan::GATEWAY_IP, 8, &b"near"[..]));
     netd.stop();
 }
 
@@ -76,6 +97,65 @@ fn dns_denied_is_nxdomain_allowed_is_relayed_and_binds_the_name() {
     guest.until("reset", |g| g.sockets.get::<tcp::Socket>(h).state() == tcp::State::Closed);
     let asked = netd.asked.lock().unwrap().clone();
     assert_eq!(asked, [(Ipv4Addr::new(203, 0, 113, 10), vec!["www.allowed.test".to_string()])]);
+    drop(guest);
+    netd.stop();
+}
+
+#[test]
+fn dns_over_tcp_is_answered_by_netd() {
+    let upstream = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let up_addr = upstream.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        let (n, from) = upstream.recv_from(&mut buf).unwrap();
+        let q = dns::parse_query(&buf[..n]).unwrap();
+        assert_eq!(q.name, "allowed.test");
+        let mut r = Vec::new();
+        dns::reply(&buf[..n], &q, dns::RCODE_NOERROR, &mut r);
+        r[7] = 1;
+        r.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 1, 0, 0, 4, 203, 0, 113, 20]);
+        upstream.send_to(&r, from).unwrap();
+    });
+    let netd = Netd::start(NetConfig { upstream_dns: vec![up_addr.to_string()], ..Default::default() }, vec![]);
+    let mut guest = Guest::new(netd.guest_fd());
+    let h = tcp_socket(&mut guest);
+    let cx = guest.iface.context();
+    // Any address: netd answers port 53 itself, no host connect.
+    guest.sockets.get_mut::<tcp::Socket>(h).connect(cx, (Ipv4Addr::new(192, 0, 2, 53), 53), 50020).unwrap();
+    guest.until("established", |g| g.sockets.get::<tcp::Socket>(h).may_send());
+    let mut framed = Vec::new();
+    for q in [query(0x4444, "denied.test", dns::TYPE_A), query(0x5555, "allowed.test", dns::TYPE_A)] {
+        framed.extend_from_slice(&(q.len() as u16).to_be_bytes());
+        framed.extend_from_slice(&q);
+    }
+    guest.sockets.get_mut::<tcp::Socket>(h).send_slice(&framed).unwrap();
+    let mut got = Vec::new();
+    let mut answers = Vec::new();
+    guest.until("two answers", |g| {
+        let s = g.sockets.get_mut::<tcp::Socket>(h);
+        while s.can_recv() {
+            s.recv(|b| {
+                got.extend_from_slice(b);
+                (b.len(), ())
+            })
+            .unwrap();
+        }
+        while got.len() >= 2 && got.len() >= 2 + u16::from_be_bytes([got[0], got[1]]) as usize {
+            let len = u16::from_be_bytes([got[0], got[1]]) as usize;
+            answers.push(dns::parse_answer(&got[2..2 + len]).unwrap());
+            got.drain(..2 + len);
+        }
+        answers.len() == 2
+    });
+    assert_eq!((answers[0].id, answers[0].rcode), (0x4444, dns::RCODE_NXDOMAIN));
+    assert_eq!((answers[1].id, answers[1].rcode), (0x5555, dns::RCODE_NOERROR));
+    assert_eq!(answers[1].a_records[0].addr, Ipv4Addr::new(203, 0, 113, 20));
+    server.join().unwrap();
+    // The client closes; netd closes too.
+    guest.sockets.get_mut::<tcp::Socket>(h).close();
+    guest.until("closed", |g| {
+        matches!(g.sockets.get::<tcp::Socket>(h).state(), tcp::State::TimeWait | tcp::State::Closed)
+    });
     drop(guest);
     netd.stop();
 }
@@ -152,6 +232,96 @@ fn an_allowed_connect_completes_only_when_the_host_side_does_and_data_flows_both
     assert_eq!(got, b"hello from the host");
     server.join().unwrap();
     drop(guest);
+    netd.stop();
+}
+
+#[test]
+fn resets_are_passed_on_both_ways() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let netd = Netd::start(NetConfig::default(), vec![Ipv4Addr::LOCALHOST]);
+    let mut guest = Guest::new(netd.guest_fd());
+
+    // The host resets (SO_LINGER 0 close): the sandbox's socket is reset.
+    let h = tcp_socket(&mut guest);
+    let cx = guest.iface.context();
+    guest.sockets.get_mut::<tcp::Socket>(h).connect(cx, (Ipv4Addr::LOCALHOST, port), 50010).unwrap();
+    guest.until("established", |g| g.sockets.get::<tcp::Socket>(h).may_send());
+    let (s, _) = listener.accept().unwrap();
+    let s2 = with_linger0(s);
+    drop(s2);
+    guest.until("reset by the host", |g| g.sockets.get::<tcp::Socket>(h).state() == tcp::State::Closed);
+
+    // The sandbox resets: the host side reads ECONNRESET, not a clean EOF.
+    let h = tcp_socket(&mut guest);
+    let cx = guest.iface.context();
+    guest.sockets.get_mut::<tcp::Socket>(h).connect(cx, (Ipv4Addr::LOCALHOST, port), 50011).unwrap();
+    guest.until("established", |g| g.sockets.get::<tcp::Socket>(h).may_send());
+    let (mut s, _) = listener.accept().unwrap();
+    guest.sockets.get_mut::<tcp::Socket>(h).abort();
+    guest.poll();
+    let mut buf = [0u8; 16];
+    let err = s.read(&mut buf).expect_err("a reset, not EOF");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
+    drop(guest);
+    netd.stop();
+}
+
+/// `s` with SO_LINGER 0, so that dropping it sends a RST.
+fn with_linger0(s: std::net::TcpStream) -> std::net::TcpStream {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: the value is a linger struct that outlives the call, its size is passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0);
+    s
+}
+
+#[test]
+fn quic_and_dns_over_tls_are_refused_unless_an_address_rule_allows() {
+    // Loopback is allowed here as if by a domain rule only.
+    let netd = Netd::start_with(NetConfig::default(), vec![], vec![Ipv4Addr::LOCALHOST]);
+    netd.send(&udp_frame(43000, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 443), b"quic"));
+    assert_eq!(netd.expect("UDP/443 refused", icmp_unreachable), 3);
+    netd.send(&syn_frame(43001, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 853), 77));
+    assert_eq!(netd.expect("TCP/853 reset", rst_to_guest), 78);
+    netd.send(&syn_frame(43002, SocketAddrV4::new(plan::GATEWAY_IP, 80), 99));
+    assert_eq!(netd.expect("the sandbox's subnet is refused", rst_to_guest), 100);
+    // Other UDP to the same address goes.
+    let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let std::net::SocketAddr::V4(addr) = sink.local_addr().unwrap() else { unreachable!() };
+    netd.send(&udp_frame(43003, addr, b"fine"));
+    let mut buf = [0u8; 8];
+    assert_eq!(sink.recv(&mut buf).unwrap(), 4);
+    netd.stop();
+}
+
+#[test]
+fn flows_past_the_memory_budget_get_small_buffers() {
+    // 16 MiB per direction: the 64 MiB budget holds two such flows.
+    let limits = NetLimits { tcp_buffer_bytes: 16 << 20, ..Default::default() };
+    let netd = Netd::start(NetConfig { limits: Some(limits), ..Default::default() }, vec![Ipv4Addr::LOCALHOST]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let std::net::SocketAddr::V4(server) = listener.local_addr().unwrap() else { unreachable!() };
+    // netd learns the guest's MAC from its ARP request (smoltcp needs it to answer).
+    netd.send(&arp_request(plan::GATEWAY_IP));
+    netd.expect("ARP reply", arp_reply);
+    // NOP, window scale 7: the SYN-ACK's window scale shows netd's buffer.
+    let ws = [1, 3, 3, 7];
+    let mut scales = Vec::new();
+    for i in 0..3u16 {
+        netd.send(&syn_frame_with(44000 + i, server, 1000, &ws));
+        scales.push(netd.expect("SYN-ACK", syn_ack_window_scale));
+    }
+    assert_eq!(scales, [Some(9), Some(9), Some(0)], "16 MiB, 16 MiB, then 16 KiB");
     netd.stop();
 }
 

@@ -511,3 +511,38 @@ fn the_device_loop_gets_unix_sockets_only() {
     assert_eq!(call(libc::SYS_ioctl), libc::SECCOMP_RET_KILL_PROCESS, "no ioctl on the device thread");
     assert_eq!(call(libc::SYS_clone3), errno_ret(libc::ENOSYS));
 }
+
+#[test]
+fn netd_reaches_only_inet_sockets_and_no_files() {
+    let prog = filter(FilterKind::Netd).unwrap();
+    let kill = libc::SECCOMP_RET_KILL_PROCESS;
+    let call = |nr: libc::c_long, args: [u64; 6]| run(&prog, nr as u32, ARCH, args);
+    // No file, no exec, no process, no namespace, no other socket family.
+    #[rustfmt::skip]
+    let killed = [
+        libc::SYS_openat, libc::SYS_open_by_handle_at, libc::SYS_execve, libc::SYS_execveat, libc::SYS_clone,
+        libc::SYS_clone3, libc::SYS_unshare, libc::SYS_setns, libc::SYS_mount, libc::SYS_ptrace, libc::SYS_kill,
+        libc::SYS_ioctl, libc::SYS_accept4, libc::SYS_listen, libc::SYS_socketpair, libc::SYS_dup,
+        libc::SYS_memfd_create, libc::SYS_io_uring_setup, libc::SYS_bpf, libc::SYS_seccomp, libc::SYS_prctl,
+        #[cfg(target_arch = "x86_64")] libc::SYS_open,
+        #[cfg(target_arch = "x86_64")] libc::SYS_fork,
+    ];
+    for nr in killed {
+        assert_eq!(call(nr, [0; 6]), kill, "syscall {nr}");
+    }
+    for family in [libc::AF_UNIX, libc::AF_INET6, libc::AF_NETLINK, libc::AF_PACKET, libc::AF_VSOCK] {
+        assert_eq!(call(libc::SYS_socket, [family as u64, libc::SOCK_DGRAM as u64, 0, 0, 0, 0]), kill, "{family}");
+    }
+    let inet = libc::AF_INET as u64;
+    for (ty, proto) in [(libc::SOCK_STREAM, 0), (libc::SOCK_DGRAM, 0), (libc::SOCK_DGRAM, libc::IPPROTO_ICMP)] {
+        assert_eq!(call(libc::SYS_socket, [inet, ty as u64, proto as u64, 0, 0, 0]), ALLOW);
+    }
+    for nr in [libc::SYS_read, libc::SYS_write, libc::SYS_recvmsg, libc::SYS_sendmsg, libc::SYS_connect] {
+        assert_eq!(call(nr, [0; 6]), ALLOW, "syscall {nr}");
+    }
+    // fcntl only reads and sets file status flags (non-blocking); no F_DUPFD.
+    assert_eq!(call(libc::SYS_fcntl, [3, libc::F_SETFL as u64, 0, 0, 0, 0]), ALLOW);
+    assert_eq!(call(libc::SYS_fcntl, [3, libc::F_DUPFD as u64, 0, 0, 0, 0]), kill);
+    let rwx = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
+    assert_eq!(call(libc::SYS_mmap, [0, 4096, rwx, 0, 0, 0]), kill);
+}

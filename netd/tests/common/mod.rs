@@ -16,8 +16,8 @@ use pvisor_proto::net::NetConfig;
 use smoltcp::iface::{Config, Interface, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
 use smoltcp::wire::{
-    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, HardwareAddress, IpAddress,
-    IpCidr, IpProtocol, Ipv4Packet, TcpPacket, TcpSeqNumber, UdpPacket,
+    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, HardwareAddress, Icmpv4Message,
+    Icmpv4Packet, IpAddress, IpCidr, IpProtocol, Ipv4Packet, TcpPacket, TcpSeqNumber, UdpPacket,
 };
 
 /// Give up on a condition after this long (a hang guard, not a timing assertion).
@@ -31,14 +31,16 @@ pub type Asked = Arc<Mutex<Vec<(Ipv4Addr, Vec<String>)>>>;
 /// `allowed.test`; records every flow question.
 pub struct TestJudge {
     pub allow: Vec<Ipv4Addr>,
+    /// Allowed as if by a domain rule (not an IP/CIDR rule).
+    pub by_name: Vec<Ipv4Addr>,
     pub asked: Asked,
 }
 
 impl Judge for TestJudge {
     fn judge(&self, dst: Ipv4Addr, names: &[&str], _is_host: bool) -> Verdict {
         self.asked.lock().unwrap().push((dst, names.iter().map(|s| s.to_string()).collect()));
-        let allow = self.allow.contains(&dst);
-        Verdict { allow, by_address_rule: allow, reason: "test" }
+        let by_address_rule = self.allow.contains(&dst);
+        Verdict { allow: by_address_rule || self.by_name.contains(&dst), by_address_rule, reason: "test" }
     }
 
     fn decide_name(&self, name: &str) -> bool {
@@ -110,10 +112,14 @@ impl std::ops::Deref for Netd {
 
 impl Netd {
     pub fn start(config: NetConfig, allow: Vec<Ipv4Addr>) -> Netd {
+        Netd::start_with(config, allow, Vec::new())
+    }
+
+    pub fn start_with(config: NetConfig, allow: Vec<Ipv4Addr>, by_name: Vec<Ipv4Addr>) -> Netd {
         let (guest, link) =
             socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).expect("socketpair");
         let asked: Asked = Arc::default();
-        let judge = TestJudge { allow, asked: asked.clone() };
+        let judge = TestJudge { allow, by_name, asked: asked.clone() };
         let thread = std::thread::spawn(move || {
             let mut stack = Stack::new(link, &config, Box::new(judge), &[]).expect("stack");
             loop {
@@ -223,7 +229,13 @@ pub fn udp_frame(src_port: u16, dst: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
 
 /// A TCP SYN from the guest's `src_port` to `dst` with sequence number `seq`.
 pub fn syn_frame(src_port: u16, dst: SocketAddrV4, seq: u32) -> Vec<u8> {
-    let mut f = vec![0u8; 14 + 20 + 20];
+    syn_frame_with(src_port, dst, seq, &[])
+}
+
+/// A TCP SYN carrying `options` (a multiple of 4 bytes).
+pub fn syn_frame_with(src_port: u16, dst: SocketAddrV4, seq: u32, options: &[u8]) -> Vec<u8> {
+    let tcp_len = 20 + options.len();
+    let mut f = vec![0u8; 14 + 20 + tcp_len];
     let mut eth = EthernetFrame::new_unchecked(&mut f[..]);
     eth.set_dst_addr(EthernetAddress(plan::GATEWAY_MAC));
     eth.set_src_addr(GUEST_MAC);
@@ -231,7 +243,7 @@ pub fn syn_frame(src_port: u16, dst: SocketAddrV4, seq: u32) -> Vec<u8> {
     let mut ip = Ipv4Packet::new_unchecked(&mut f[14..]);
     ip.set_version(4);
     ip.set_header_len(20);
-    ip.set_total_len(40);
+    ip.set_total_len((20 + tcp_len) as u16);
     ip.set_hop_limit(64);
     ip.set_next_header(IpProtocol::Tcp);
     ip.set_src_addr(plan::SANDBOX_IP);
@@ -241,9 +253,10 @@ pub fn syn_frame(src_port: u16, dst: SocketAddrV4, seq: u32) -> Vec<u8> {
     tcp.set_src_port(src_port);
     tcp.set_dst_port(dst.port());
     tcp.set_seq_number(TcpSeqNumber(seq as i32));
-    tcp.set_header_len(20);
+    tcp.set_header_len(tcp_len as u8);
     tcp.clear_flags();
     tcp.set_syn(true);
+    tcp.options_mut().copy_from_slice(options);
     tcp.set_window_len(65535);
     tcp.fill_checksum(&IpAddress::Ipv4(plan::SANDBOX_IP), &IpAddress::Ipv4(*dst.ip()));
     f
@@ -259,6 +272,21 @@ pub fn rst_to_guest(frame: &[u8]) -> Option<u32> {
     (tcp.rst() && tcp.ack()).then(|| tcp.ack_number().0 as u32)
 }
 
+/// The window scale a SYN-ACK to the guest in `frame` offers, if it is one.
+pub fn syn_ack_window_scale(frame: &[u8]) -> Option<Option<u8>> {
+    let ip = Ipv4Packet::new_checked(frame.get(14..)?).ok()?;
+    if ip.next_header() != IpProtocol::Tcp {
+        return None;
+    }
+    let tcp = TcpPacket::new_checked(&frame[14 + ip.header_len() as usize..]).ok()?;
+    if !(tcp.syn() && tcp.ack()) {
+        return None;
+    }
+    let caps = smoltcp::phy::ChecksumCapabilities::ignored();
+    let repr = smoltcp::wire::TcpRepr::parse(&tcp, &ip.src_addr().into(), &ip.dst_addr().into(), &caps).ok()?;
+    Some(repr.window_scale)
+}
+
 /// The UDP datagram in `frame` to the guest: (source, destination port, payload).
 pub fn udp_to_guest(frame: &[u8]) -> Option<(SocketAddrV4, u16, Vec<u8>)> {
     let eth = EthernetFrame::new_checked(frame).ok()?;
@@ -272,6 +300,46 @@ pub fn udp_to_guest(frame: &[u8]) -> Option<(SocketAddrV4, u16, Vec<u8>)> {
     let udp = UdpPacket::new_checked(&frame[14 + ip.header_len() as usize..]).ok()?;
     assert!(udp.verify_checksum(&IpAddress::Ipv4(ip.src_addr()), &IpAddress::Ipv4(ip.dst_addr())), "UDP checksum");
     Some((SocketAddrV4::new(ip.src_addr(), udp.src_port()), udp.dst_port(), udp.payload().to_vec()))
+}
+
+/// An ICMP echo request from the guest to `dst`.
+pub fn echo_request(dst: Ipv4Addr, seq: u16, data: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + 8 + data.len()];
+    let mut eth = EthernetFrame::new_unchecked(&mut f[..]);
+    eth.set_dst_addr(EthernetAddress(plan::GATEWAY_MAC));
+    eth.set_src_addr(GUEST_MAC);
+    eth.set_ethertype(EthernetProtocol::Ipv4);
+    let mut ip = Ipv4Packet::new_unchecked(&mut f[14..]);
+    ip.set_version(4);
+    ip.set_header_len(20);
+    ip.set_total_len((20 + 8 + data.len()) as u16);
+    ip.set_hop_limit(64);
+    ip.set_next_header(IpProtocol::Icmp);
+    ip.set_src_addr(plan::SANDBOX_IP);
+    ip.set_dst_addr(dst);
+    ip.fill_checksum();
+    let mut icmp = Icmpv4Packet::new_unchecked(&mut f[34..]);
+    icmp.set_msg_type(Icmpv4Message::EchoRequest);
+    icmp.set_msg_code(0);
+    icmp.set_echo_ident(ECHO_IDENT);
+    icmp.set_echo_seq_no(seq);
+    icmp.data_mut().copy_from_slice(data);
+    icmp.fill_checksum();
+    f
+}
+
+/// The ident of [`echo_request`]s.
+pub const ECHO_IDENT: u16 = 0x77;
+
+/// An ICMP echo reply to the guest in `frame` (with the guest's ident): (source, sequence, data).
+pub fn echo_reply(frame: &[u8]) -> Option<(Ipv4Addr, u16, Vec<u8>)> {
+    let ip = Ipv4Packet::new_checked(frame.get(14..)?).ok()?;
+    if ip.next_header() != IpProtocol::Icmp {
+        return None;
+    }
+    let icmp = Icmpv4Packet::new_checked(&frame[14 + ip.header_len() as usize..]).ok()?;
+    (icmp.msg_type() == Icmpv4Message::EchoReply && icmp.echo_ident() == ECHO_IDENT && icmp.verify_checksum())
+        .then(|| (ip.src_addr(), icmp.echo_seq_no(), icmp.data().to_vec()))
 }
 
 /// The ICMP destination-unreachable code in `frame`, if it is one.
