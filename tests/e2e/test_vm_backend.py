@@ -342,3 +342,36 @@ def test_the_whole_suite_on_the_project_s_own_vmm():
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).parent)],
                        env=env, timeout=3600)
     assert r.returncode == 0, "the e2e suite failed on the vm backend (output above)"
+
+
+# -------------------------------------------------------------------- network
+
+
+def test_the_guest_reaches_netd_through_its_virtio_net_device(vm_bb):
+    """Default egress (allow): the worker gave the guest a virtio-net device
+    whose link goes to the sandbox's netd. eth0 has the plan's address, the
+    MTU the device offers and the default route via netd; resolv.conf points
+    at netd. A hard-denied destination (cloud metadata) is refused at once
+    with netd's RST: the SYN went guest -> virtio-net -> netd and back."""
+    assert sh(vm_bb, "cat /sys/class/net/eth0/mtu") == "65520"
+    assert "inet 10.0.2.100/24" in sh(vm_bb, "ip -4 addr show dev eth0")
+    resolv = sh(vm_bb, "cat /etc/resolv.conf").splitlines()
+    assert "nameserver 10.0.2.3" in resolv, resolv
+    routes = [line.split()[:3] for line in sh(vm_bb, "cat /proc/net/route").splitlines()[1:]]
+    assert ["eth0", "00000000", "0202000A"] in routes, f"no default route via 10.0.2.2: {routes}"
+    ex = run(vm_bb, "nc -w 10 169.254.169.254 80 </dev/null")
+    out = (stdout_text(ex) + " ".join(m.text for m in ex.logs.stderr)).lower()
+    assert ex.exit_code != 0 and "refused" in out, f"not refused by netd: {describe(ex)}"
+
+
+def test_a_vm_sandboxs_dns_answers_under_its_policy(vm):
+    """netd answers the guest's DNS itself: a name the policy denies is
+    NXDOMAIN, decided without any upstream resolver."""
+    from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule
+
+    policy = NetworkPolicy(default_action="deny", egress=[NetworkRule(action="allow", target="*.allowed.test")])
+    sb = vm(BUSYBOX, network_policy=policy)
+    ex = run(sb, "nslookup denied.test 10.0.2.3")
+    out = stdout_text(ex) + " ".join(m.text for m in ex.logs.stderr)
+    assert ex.exit_code != 0 and "NXDOMAIN" in out, describe(ex)
+    assert sb.get_egress_policy().default_action == "deny"

@@ -16,6 +16,11 @@
 //!   set; `socket(AF_UNIX, SOCK_STREAM|SOCK_NONBLOCK|SOCK_CLOEXEC)` and
 //!   `connect` (guest connects); `accept4`* (listener); `recvfrom`,
 //!   `sendto` (`MSG_NOSIGNAL`); `shutdown`* (guest half-close); `close`.
+//! * virtio-net: `recvfrom` (`MSG_DONTWAIT | MSG_TRUNC`) and `sendto`
+//!   (`MSG_DONTWAIT | MSG_NOSIGNAL`) on the link socket it was given,
+//!   `epoll_wait` (timeout 0) and `epoll_ctl` on its own set; never
+//!   `socket` or `connect` (checked under the filter by
+//!   `net_on_the_device_thread_under_its_seccomp_filter`).
 //! * allocator: `mmap`, `munmap`, `mprotect`, `madvise`.
 //! * thread start/exit (before/after the filter): `rt_sigprocmask`,
 //!   `sigaltstack`, `sched_getaffinity`, `prctl(PR_SET_NAME)`,

@@ -131,9 +131,6 @@ impl Net {
         let mut used = UsedQueues::NONE;
         let mergeable = self.mergeable();
         let Some(queue) = queues.get_mut(RX_QUEUE) else { return used };
-        if !queue.ready() {
-            return used;
-        }
         let max_frame = self.state.tx_buf.len();
         for _ in 0..BATCH {
             let len = match self.state.rx_len {
@@ -148,6 +145,12 @@ impl Net {
                     link::Recv::WouldBlock | link::Recv::Closed => break,
                 },
             };
+            if !queue.ready() {
+                // The driver has not set the ring up yet: the frame waits
+                // (and the socket is not read) until it kicks rx.
+                self.state.rx_len = Some(len);
+                break;
+            }
             let out = rx::deliver(&self.state.rx_buf[..len], queue, mem, mergeable, &mut self.state.counters);
             if out.used {
                 used.set(RX_QUEUE);

@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{recv, send, setsockopt, socketpair, sockopt, AddressFamily, MsgFlags, SockFlag, SockType};
 use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_MTU, VIRTIO_NET_S_LINK_UP};
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 
 use super::{Error, Net, HDR_LEN, QUEUE_SIZE, RX_QUEUE, TX_QUEUE};
 use crate::devices::virtio::test_utils::{memory, read, write, Buf, DriverQueue};
@@ -246,10 +246,12 @@ fn rx_frame_larger_than_the_mtu_is_dropped() {
         g.post_rx(4096);
     }
     g.netd_send(&frame(1500 + 18 + 1, 9));
+    // Larger than the device's buffer: the socket truncates, the length tells.
+    g.netd_send(&frame(9000, 19));
     g.netd_send(&frame(1518, 10));
     g.event();
     assert_eq!(g.rx.take_used(&g.mem), vec![(0, (HDR_LEN + 1518) as u32)]);
-    assert_eq!(g.dev.counters().rx_dropped, 1);
+    assert_eq!(g.dev.counters().rx_dropped, 2);
 }
 
 #[test]
@@ -370,4 +372,17 @@ fn netd_going_away_takes_the_link_down_without_spinning() {
     g.kick(TX_QUEUE);
     assert_eq!(g.tx.take_used(&g.mem).len(), 1, "the guest's frames are still taken");
     assert_eq!(g.dev.counters().tx_dropped, 1);
+}
+
+#[test]
+fn a_frame_before_the_rx_ring_is_ready_waits_without_spinning() {
+    let mut g = Guest::new(true);
+    g.queues[RX_QUEUE].set_ready(false);
+    g.netd_send(&frame(100, 18));
+    g.event();
+    assert!(!g.event_ready(), "the frame is held: the device does not wake for the socket again");
+    g.queues[RX_QUEUE].set_ready(true);
+    g.post_rx(4096);
+    g.kick(RX_QUEUE);
+    assert_eq!(g.rx.take_used(&g.mem), vec![(0, (HDR_LEN + 100) as u32)]);
 }
