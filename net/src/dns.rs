@@ -219,6 +219,12 @@ pub fn parse_answer(msg: &[u8]) -> Result<Answer, DnsError> {
     Ok(Answer { id: u16_at(msg, 0)?, rcode: (flags & 0x0f) as u8, a_records })
 }
 
+/// Whether a response has TC set: it did not fit its datagram (RFC 1035
+/// §4.1.1), and the full answer is to be asked for over TCP.
+pub fn is_truncated(msg: &[u8]) -> bool {
+    msg.len() >= HEADER_LEN && msg[2] & 0x80 != 0 && msg[2] & 0x02 != 0
+}
+
 /// Rewrites a message's id (netd forwards queries under ids of its own).
 pub fn set_id(msg: &mut [u8], id: u16) {
     if let Some(b) = msg.get_mut(0..2) {

@@ -10,7 +10,7 @@
 //!
 //! The data path ([`stack`]): every frame from the link is classified by hand
 //! ([`frames`]): ARP for the gateway and resolver and TCP go to smoltcp
-//! ([`device`]); DNS ([`dns_proxy`], over TCP [`dns_tcp`]) and other UDP ([`udp`]) are answered
+//! ([`device`]); DNS ([`dns_proxy`], over TCP [`dns_tcp`], a truncated answer asked again upstream over TCP [`dns_retry`]) and other UDP ([`udp`]) are answered
 //! from host sockets without smoltcp, ICMP echo through a ping socket where
 //! the host allows one ([`ping`]); a TCP SYN is judged and, if allowed,
 //! held until the host connect succeeds ([`tcp`]). Every decision goes
@@ -19,6 +19,7 @@
 pub mod control;
 pub mod device;
 pub mod dns_proxy;
+pub mod dns_retry;
 pub mod dns_tcp;
 pub mod error;
 pub mod frames;

@@ -39,6 +39,8 @@ const DNS: Token = Token(2);
 const PING: Token = Token(3);
 const TCP_BASE: usize = 1 << 24;
 const UDP_BASE: usize = 2 << 24;
+/// DNS questions asked again over TCP upstream (dns_retry.rs).
+const RETRY_BASE: usize = 3 << 24;
 /// Frames read from the link per turn before host sockets get their turn.
 const LINK_BATCH: usize = 256;
 /// Largest frame netd sends: the tap's MTU plus the Ethernet header.
@@ -270,6 +272,7 @@ impl Stack {
         let (mut link, mut dns, mut ping, mut link_room) = (self.link_pending, false, false, false);
         let mut connecting = Vec::new();
         let mut udp_ready = Vec::new();
+        let mut retry_ready = Vec::new();
         for ev in self.events.iter() {
             match ev.token() {
                 LINK => {
@@ -288,7 +291,8 @@ impl Stack {
                         }
                     }
                 }
-                Token(t) if t >= UDP_BASE => udp_ready.push(t - UDP_BASE),
+                Token(t) if (UDP_BASE..RETRY_BASE).contains(&t) => udp_ready.push(t - UDP_BASE),
+                Token(t) if t >= RETRY_BASE => retry_ready.push(t - RETRY_BASE),
                 Token(_) => {}
             }
         }
@@ -304,6 +308,9 @@ impl Stack {
         }
         if dns {
             self.dns_answers(now)?;
+        }
+        for slot in retry_ready {
+            self.dns_retry(slot, now)?;
         }
         for slot in udp_ready {
             self.udp_replies(slot, now)?;
@@ -537,7 +544,7 @@ impl Stack {
         let mut closed = Vec::new();
         self.dns_tcp.service(&mut self.sockets, |id, q| questions.push((id, q.to_vec())), |id| closed.push(id));
         for id in closed {
-            self.dns.forget(id);
+            self.dns.forget(id, self.poll.registry());
         }
         for (id, q) in questions {
             if let Some(reply) = self.dns.query(&q, Route::Tcp { conn: id }, &*self.judge, now) {
@@ -642,7 +649,15 @@ impl Stack {
         let (dev, out, conns, sockets, mut err) =
             (&mut self.dev, &mut self.out, &mut self.dns_tcp, &mut self.sockets, None);
         let send = |m: ToGuest<'_>| deliver(m, dev, out, conns, sockets, &mut err);
-        self.dns.answers(&mut self.names, now, send).map_err(Error::Poll)?;
+        self.dns.answers(&mut self.names, now, self.poll.registry(), RETRY_BASE, send).map_err(Error::Poll)?;
+        err.map_or(Ok(()), |e| Err(Error::Link(e)))
+    }
+
+    fn dns_retry(&mut self, slot: usize, now: Instant) -> Result<(), Error> {
+        let (dev, out, conns, sockets, mut err) =
+            (&mut self.dev, &mut self.out, &mut self.dns_tcp, &mut self.sockets, None);
+        let send = |m: ToGuest<'_>| deliver(m, dev, out, conns, sockets, &mut err);
+        self.dns.retry_ready(slot, self.poll.registry(), &mut self.names, now, send);
         err.map_or(Ok(()), |e| Err(Error::Link(e)))
     }
 
@@ -656,7 +671,7 @@ impl Stack {
         self.names.expire(now);
         let (dev, out, conns, sockets, mut err) =
             (&mut self.dev, &mut self.out, &mut self.dns_tcp, &mut self.sockets, None);
-        self.dns.expire(now, |m| deliver(m, dev, out, conns, sockets, &mut err));
+        self.dns.expire(now, self.poll.registry(), |m| deliver(m, dev, out, conns, sockets, &mut err));
         err.map_or(Ok(()), |e| Err(Error::Link(e)))
     }
 }

@@ -1,37 +1,23 @@
-//! The worker's side of netd's process contract ([`pvisor_worker::netd`]),
-//! against `fake-netd.py`, a stand-in that speaks the contract of
-//! netd/src/lib.rs and records what it received: the start message and its
-//! link fd, policies, stats requests; the process it runs in (no
-//! capabilities, nothing but fds 0–3, stdin /dev/null); netd's death.
+//! The worker's side of netd's process contract ([`pvisor_worker::netd`])
+//! against the real pvisor-netd, over a SOCK_SEQPACKET link (the vm
+//! backend's kind): the process it starts (no capabilities, nothing but fds
+//! 0-3, stdin and stdout /dev/null, a session of its own); a start netd
+//! refuses (an invalid policy) and one it accepts; the configuration and a
+//! policy change arriving (seen in DNS answers through the link, from a
+//! stand-in upstream); stats; netd's death (SIGKILL) and a missing netd.
 //!
-//! Needs python3 and root (for the capability checks to mean something).
-use pvisor_proto::net::{netd_control, Action, EgressPolicy, EgressRule, LinkKind, NetConfig, NetdControl};
+//! Needs root (for the capability checks to mean something) and the real
+//! netd (`$PVISOR_DIST/pvisor-netd` or `$PVISOR_NETD`).
+use pvisor_proto::net::{Action, EgressPolicy, EgressRule, LinkKind, NetConfig};
 use pvisor_worker::backend::NetLink;
 use pvisor_worker::netd::{Netd, NetdError};
-use std::path::{Path, PathBuf};
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-fn fake_netd() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-netd.py")
-}
-
-/// The fake's records, once it wrote at least `lines` of them.
-fn records(log: &Path, lines: usize) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let got: Vec<String> = std::fs::read_to_string(log).unwrap_or_default().lines().map(str::to_owned).collect();
-        if got.len() >= lines {
-            return got;
-        }
-        assert!(Instant::now() < deadline, "fake netd wrote {got:?}, expected {lines} lines");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn decode(hex: &str) -> NetdControl {
-    let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
-    prost::Message::decode(bytes.as_slice()).unwrap()
-}
+mod common;
+use common::frames;
 
 fn status_field(pid: i32, key: &str) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -39,90 +25,117 @@ fn status_field(pid: i32, key: &str) -> String {
     line[key.len()..].trim().to_owned()
 }
 
-fn policy() -> EgressPolicy {
-    EgressPolicy {
-        default_action: Action::Deny as i32,
-        egress: vec![EgressRule { action: Action::Allow as i32, target: "*.example.com".into() }],
-    }
+fn rule(action: Action, target: &str) -> EgressRule {
+    EgressRule { action: action as i32, target: target.into() }
 }
 
-struct Fake {
-    netd: Netd,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
+fn policy(default: Action, rules: Vec<EgressRule>) -> EgressPolicy {
+    EgressPolicy { default_action: default as i32, egress: rules }
 }
 
-fn spawn(refuse: Option<&str>) -> Fake {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("netd.log");
-    // The fake reads these from its environment, inherited from this test.
-    std::env::set_var("PVISOR_FAKE_NETD_LOG", &log);
-    match refuse {
-        Some(r) => std::env::set_var("PVISOR_FAKE_NETD_REFUSE", r),
-        None => std::env::remove_var("PVISOR_FAKE_NETD_REFUSE"),
-    }
-    let netd = Netd::spawn_at(&fake_netd()).unwrap();
-    Fake { netd, log, _dir: dir }
-}
-
-fn seqpacket_link() -> (NetLink, std::os::fd::OwnedFd) {
+fn seqpacket_link() -> (NetLink, OwnedFd) {
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
     let (a, b) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
     (NetLink { fd: a, kind: LinkKind::LinkSeqpacket }, b)
 }
 
-// One test: the fake takes its settings from this process's environment.
+/// Asks netd's resolver (10.0.2.3:53) for `name` over the link and returns
+/// the answer's response code (netd's own, or the upstream's relayed).
+fn ask(sandbox: &OwnedFd, id: u16, name: &str) -> u8 {
+    let port = 40000 + id;
+    let dst = SocketAddrV4::new(pvisor_net::plan::DNS_IP, 53);
+    nix::unistd::write(sandbox, &frames::udp_frame(port, dst, &frames::dns_query(id, name))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no answer for {name} through the link");
+        let mut p = libc::pollfd { fd: sandbox.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll reads and writes the one pollfd we own.
+        if unsafe { libc::poll(&mut p, 1, left.as_millis() as i32) } <= 0 {
+            continue;
+        }
+        let n = nix::unistd::read(sandbox.as_raw_fd(), &mut buf).unwrap();
+        if let Some(msg) = frames::udp_payload_to(&buf[..n], port) {
+            assert_eq!(&msg[..2], id.to_be_bytes(), "the answer carries the sandbox's id");
+            return frames::rcode(msg);
+        }
+    }
+}
+
 #[test]
-fn the_contract_start_policy_stats_refusal_and_death() {
+fn the_real_netd_refuses_starts_answers_and_dies() {
+    let Some(exe) = common::netd_exe() else { return };
     assert!(nix::unistd::geteuid().is_root(), "this test needs root (it checks that netd gets no capabilities)");
 
-    // Start: the message and exactly one fd arrive; netd's reply is awaited.
-    let f = spawn(None);
-    let pid = f.netd.pid();
-    let cfg = NetConfig { policy: Some(policy()), upstream_dns: vec!["192.0.2.53:53".into()], ..Default::default() };
-    let (link, _peer) = seqpacket_link();
-    f.netd.start("sb-1", link, &cfg).unwrap();
-    let rec = records(&f.log, 2);
-    assert_eq!(rec[0], format!("pid {pid}"));
-    let start: Vec<&str> = rec[1].split(' ').collect();
-    assert_eq!((start[0], start[2]), ("start", "1"), "{rec:?}");
-    let Some(netd_control::Msg::Start(s)) = decode(start[1]).msg else { panic!("not a start: {rec:?}") };
-    assert_eq!(s.sandbox_id, "sb-1");
-    assert_eq!(s.link, LinkKind::LinkSeqpacket as i32);
-    assert_eq!(s.config, Some(cfg));
-
+    // Before a start, netd answers (it is jailed and serving) but refuses.
+    let netd = Netd::spawn_at(&exe).unwrap();
+    let pid = netd.pid();
+    match netd.stats() {
+        Err(NetdError::Refused(m)) => assert_eq!(m, "not started"),
+        other => panic!("an unstarted netd answered {other:?}"),
+    }
     // The process: no capabilities, no new privileges, a session of its
-    // own, stdin /dev/null, fds 0-3 and the link only, a child of ours.
+    // own, stdin and stdout /dev/null, nothing but fds 0-3, a child of ours.
     for key in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
         assert_eq!(status_field(pid, key), "0000000000000000", "{key} of netd");
     }
     assert_eq!(status_field(pid, "NoNewPrivs:"), "1");
     assert_eq!(status_field(pid, "PPid:"), std::process::id().to_string());
-    assert_eq!(std::fs::read_link(format!("/proc/{pid}/fd/0")).unwrap(), Path::new("/dev/null"));
+    for fd in [0, 1] {
+        assert_eq!(std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).unwrap(), Path::new("/dev/null"), "fd {fd}");
+    }
     let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().parse().unwrap())
         .collect();
     fds.sort();
-    assert_eq!(fds.len(), 5, "fds 0-3 and the link: {fds:?}");
-    assert_eq!(&fds[..4], &[0, 1, 2, 3]);
-    let sid = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = sid.rsplit(')').next().unwrap().split_whitespace().collect();
+    assert_eq!(fds, [0, 1, 2, 3], "fds 0-3 only");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
     assert_eq!(fields[3], pid.to_string(), "netd leads a session of its own");
 
-    // Policy and stats.
-    f.netd.set_policy(&policy()).unwrap();
-    let rec = records(&f.log, 3);
-    let Some(netd_control::Msg::Policy(p)) = decode(rec[2].strip_prefix("policy ").unwrap()).msg else {
-        panic!("not a policy: {rec:?}")
+    // A start netd refuses is the sandbox's start error, with netd's reason;
+    // the same netd then takes a valid one.
+    let upstream = frames::stand_in_upstream(
+        UdpSocket::bind("127.0.0.1:0").unwrap(),
+        "www.example.com",
+        Ipv4Addr::new(203, 0, 113, 7),
+    );
+    let bad = NetConfig { policy: Some(policy(Action::Deny, vec![rule(Action::Allow, "")])), ..Default::default() };
+    let (link, _peer) = seqpacket_link();
+    match netd.start("sb-1", link, &bad) {
+        Err(NetdError::Refused(m)) => assert!(m.contains("egress[0]: empty target"), "netd names the rule: {m}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let cfg = NetConfig {
+        policy: Some(policy(Action::Deny, vec![rule(Action::Allow, "*.example.com")])),
+        upstream_dns: vec![upstream],
+        ..Default::default()
     };
-    assert_eq!(p, policy());
-    let stats = f.netd.stats().unwrap();
-    assert_eq!((stats.tx_bytes, stats.flows, stats.flows_denied), (5, 7, 3));
+    let (link, sandbox) = seqpacket_link();
+    netd.start("sb-1", link, &cfg).unwrap();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    assert!(fds > 4, "netd holds the link and its host sockets now ({fds} fds)");
+
+    // The configuration arrived: its policy and its upstream decide answers.
+    assert_eq!(ask(&sandbox, 1, "www.example.com"), pvisor_net::dns::RCODE_NOERROR, "allowed: the upstream's answer");
+    assert_eq!(ask(&sandbox, 2, "denied.test"), pvisor_net::dns::RCODE_NXDOMAIN, "denied by netd itself");
+    // A new policy applies at once; an invalid one is refused and changes nothing.
+    netd.set_policy(&policy(Action::Deny, vec![])).unwrap();
+    assert_eq!(ask(&sandbox, 3, "www.example.com"), pvisor_net::dns::RCODE_NXDOMAIN, "deny-all");
+    match netd.set_policy(&policy(Action::Allow, vec![rule(Action::Deny, "")])) {
+        Err(NetdError::Refused(m)) => assert!(m.contains("egress[0]: empty target"), "{m}"),
+        other => panic!("an invalid policy was taken: {other:?}"),
+    }
+    assert_eq!(ask(&sandbox, 4, "www.example.com"), pvisor_net::dns::RCODE_NXDOMAIN, "still deny-all");
+    let stats = netd.stats().unwrap();
+    assert_eq!(stats.dns_queries, 4, "{stats:?}");
+    assert!(stats.rx_bytes > 0 && stats.tx_bytes > 0, "{stats:?}");
 
     // Death: requests fail as Gone (not a hang, not a bogus answer), and a
     // watched netd is reaped and says how it ended.
-    let mut netd = f.netd;
+    let mut netd = netd;
     let (tx, rx) = std::sync::mpsc::channel();
     netd.watch(move |how| tx.send(how.to_owned()).unwrap());
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
@@ -139,16 +152,10 @@ fn the_contract_start_policy_stats_refusal_and_death() {
     assert!(!Path::new(&format!("/proc/{pid}")).exists(), "netd was reaped");
     assert_eq!(rx.recv().unwrap(), "was killed by SIGKILL", "the watcher reports how netd ended");
 
-    // A refusal is the sandbox's start error, with netd's reason.
-    let f = spawn(Some("no room for another sandbox"));
-    let (link, _peer) = seqpacket_link();
-    match f.netd.start("sb-2", link, &NetConfig::default()) {
-        Err(NetdError::Refused(m)) => assert_eq!(m, "no room for another sandbox"),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
     // Dropping an unwatched netd kills and reaps it.
-    let pid = f.netd.pid();
-    drop(f.netd);
+    let netd = Netd::spawn_at(&exe).unwrap();
+    let pid = netd.pid();
+    drop(netd);
     assert!(!Path::new(&format!("/proc/{pid}")).exists(), "a dropped netd is reaped");
 
     // A netd that is not there.

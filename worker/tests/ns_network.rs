@@ -6,10 +6,12 @@
 //! answering while the sandbox is paused, and dies with the worker. Without
 //! `net`: loopback only and no netd. As root and as an unprivileged user.
 //!
-//! netd is `fake-netd.py` (PVISOR_NETD), a stand-in that speaks the contract
-//! of netd/src/lib.rs and records what it got; the real pvisor-netd is tested
-//! in its own crate. Needs what `common` says.
-use pvisor_proto::net::{netd_control, Action, EgressPolicy, EgressRule, LinkKind, NetConfig, NetdControl};
+//! netd is the real pvisor-netd, and the sandbox reaches a private internet
+//! through it (`common::internet`: a TCP and a DNS server in a network
+//! namespace of the test's own): by name and by IP, a denied name, a live
+//! policy change refusing and reopening connections. Needs what `common`
+//! says, and iproute2 on the host.
+use pvisor_proto::net::{Action, EgressPolicy, EgressRule, NetConfig};
 use pvisor_proto::worker::worker_client::WorkerClient;
 use pvisor_proto::worker::Empty;
 use std::os::unix::fs::PermissionsExt;
@@ -17,19 +19,20 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 mod common;
+use common::internet::{self, Internet};
 use common::{env, sh, start, Spec, Worker};
 
 /// What the test image's /etc/hosts points at: a file on the host that must
 /// never be written.
 const HOST_FILE: &str = "host-file";
 
-fn net_config() -> NetConfig {
+fn net_config(upstream: String) -> NetConfig {
     NetConfig {
         policy: Some(EgressPolicy {
             default_action: Action::Allow as i32,
             egress: vec![EgressRule { action: Action::Deny as i32, target: "denied.test".into() }],
         }),
-        upstream_dns: vec!["198.51.100.53:53".into()],
+        upstream_dns: vec![upstream],
         ..Default::default()
     }
 }
@@ -54,43 +57,31 @@ fn host_side_untouched(w: &Worker) {
     assert!(!log.lines().any(|l| l == "sandbox-test"), "/etc/hostname was written into the worker's log: {log}");
 }
 
-fn netd_env(log: &Path) -> Vec<(String, String)> {
-    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-netd.py");
-    vec![
-        ("PVISOR_NETD".into(), fake.to_string_lossy().into_owned()),
-        ("PVISOR_FAKE_NETD_LOG".into(), log.to_string_lossy().into_owned()),
-    ]
+/// The worker's pvisor-netd child (its only child but the sandbox's init).
+fn netd_pid(w: &Worker) -> i32 {
+    let id = w.child.id();
+    let tasks = std::fs::read_dir(format!("/proc/{id}/task")).unwrap();
+    let children: Vec<i32> = tasks
+        .flatten()
+        .flat_map(|t| {
+            std::fs::read_to_string(t.path().join("children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(|p| p.parse().unwrap())
+                .collect::<Vec<i32>>()
+        })
+        .collect();
+    let netd: Vec<i32> = children
+        .into_iter()
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c == "pvisor-netd\n"))
+        .collect();
+    assert_eq!(netd.len(), 1, "one pvisor-netd child of the worker: {netd:?}");
+    netd[0]
 }
 
-/// A log path every user may create: the test directory is made only
-/// inside `start`, so the fake's log goes to a directory of its own.
-fn log_dir(unprivileged: bool) -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    if unprivileged {
-        std::os::unix::fs::chown(d.path(), Some(common::USER), Some(common::USER)).unwrap();
-    }
-    d
-}
-
-fn records(log: &Path, want: &str) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let got: Vec<String> = std::fs::read_to_string(log).unwrap_or_default().lines().map(str::to_owned).collect();
-        if got.iter().any(|l| l.starts_with(want)) {
-            return got;
-        }
-        assert!(Instant::now() < deadline, "fake netd wrote {got:?}, no {want:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn decode(hex: &str) -> NetdControl {
-    let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
-    prost::Message::decode(bytes.as_slice()).unwrap()
-}
-
-fn netd_pid(recs: &[String]) -> i32 {
-    recs.iter().find_map(|l| l.strip_prefix("pid ")).expect("fake netd's pid").parse().unwrap()
+/// A shell command's output and exit code in the sandbox, nc's errors included.
+async fn run(w: &Worker, cmd: &str) -> (String, i32) {
+    sh(&w.channel, &format!("{cmd} 2>&1")).await
 }
 
 fn status_field(pid: i32, key: &str) -> String {
@@ -147,16 +138,9 @@ async fn check_sandbox_side(w: &Worker) {
     host_side_untouched(w);
 }
 
-/// netd's side: what it received, and the process it is.
-async fn check_netd_side(w: &Worker, log: &Path, root_worker: bool) -> i32 {
-    let recs = records(log, "start ");
-    let pid = netd_pid(&recs);
-    let start: Vec<&str> = recs.iter().find(|l| l.starts_with("start ")).unwrap().split(' ').collect();
-    assert_eq!((start[2], start[3]), ("1", "eth0"), "one fd, the tap eth0: {recs:?}");
-    let Some(netd_control::Msg::Start(s)) = decode(start[1]).msg else { panic!("not a start: {recs:?}") };
-    assert_eq!((s.sandbox_id.as_str(), s.link), ("test", LinkKind::LinkTap as i32));
-    assert_eq!(s.config, Some(net_config()));
-
+/// netd's side: the process it is, and the tap it alone holds.
+async fn check_netd_side(w: &Worker, root_worker: bool) -> i32 {
+    let pid = netd_pid(w);
     assert_eq!(status_field(pid, "PPid:"), w.child.id().to_string(), "netd is the worker's child");
     for key in ["CapPrm:", "CapEff:", "CapAmb:"] {
         assert_eq!(status_field(pid, key), "0000000000000000", "{key} of netd");
@@ -211,58 +195,62 @@ async fn networked_sandbox(unprivileged: bool) {
     if unprivileged {
         ensure_tun_for_everyone();
     }
-    let logs = log_dir(unprivileged);
-    let log = logs.path().join("netd.log");
-    let spec = Spec {
-        prepare: Some(hostile_etc),
-        net: Some(net_config()),
-        unprivileged,
-        env: netd_env(&log),
-        ..Spec::default()
-    };
+    let net = Internet::new();
+    let spec = Spec { prepare: Some(hostile_etc), net: Some(net_config(net.dns())), unprivileged, ..Spec::default() };
     let mut w = start(&env, spec).await;
     let mut wc = WorkerClient::new(w.channel.clone());
     wc.ready(Empty {}).await.unwrap();
     check_sandbox_side(&w).await;
-    let pid = check_netd_side(&w, &log, !unprivileged).await;
+    let pid = check_netd_side(&w, !unprivileged).await;
     if unprivileged {
         assert_eq!(status_field(pid, "Uid:").split_whitespace().next(), Some(common::USER.to_string().as_str()));
     }
 
-    // The tap netd holds is the sandbox's eth0: the sandbox's first packet
-    // to its gateway shows up there as an ARP request from 10.0.2.100 for
-    // 10.0.2.2.
-    let (_, _) = sh(&w.channel, "nc -w 1 10.0.2.2 80 </dev/null >/dev/null 2>&1; true").await;
-    let arp = |l: &String| l.strip_prefix("frame ").is_some_and(|f| f.len() >= 84 && &f[24..28] == "0806");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let frame = loop {
-        let recs: Vec<String> = std::fs::read_to_string(&log).unwrap().lines().map(str::to_owned).collect();
-        if let Some(f) = recs.iter().find(|l| arp(l)) {
-            break f.strip_prefix("frame ").unwrap().to_owned();
-        }
-        assert!(Instant::now() < deadline, "no ARP request reached netd: {recs:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    assert_eq!(&frame[0..12], "ffffffffffff", "broadcast: {frame}");
-    assert_eq!(&frame[56..64], "0a000264", "sender 10.0.2.100: {frame}");
-    assert_eq!(&frame[76..84], "0a000202", "target 10.0.2.2: {frame}");
-    // IPv6 is off on eth0 from before it went up: not one IPv6 frame.
-    let recs = std::fs::read_to_string(&log).unwrap();
-    assert!(!recs.lines().any(|l| l.starts_with("frame ") && &l[6 + 24..6 + 28] == "86dd"), "IPv6 frames: {recs}");
+    // The private internet through netd: by name (resolved by netd through
+    // the upstream of the configuration, which binds the address to the
+    // name) and by IP.
+    let by_name = Internet::ask_by_name();
+    let by_ip = Internet::ask(&net.server.to_string());
+    assert_eq!(run(&w, &by_name).await, (internet::BODY.to_owned(), 0), "by name");
+    assert_eq!(run(&w, &by_ip).await, (internet::BODY.to_owned(), 0), "by IP");
+    // The configuration's policy: a denied name does not resolve (netd
+    // answers NXDOMAIN itself).
+    let (out, code) = run(&w, "nslookup denied.test").await;
+    assert!(code != 0 && out.contains("NXDOMAIN"), "denied.test resolved: {out}");
+    // The sandbox's gateway is netd's (its MAC answered ARP on the tap).
+    let (out, _) = sh(&w.channel, "ip neigh show 10.0.2.2").await;
+    assert!(out.contains("lladdr 02:70:76:00:00:02"), "the gateway's neighbour entry: {out}");
+    // IPv6 is off on eth0 from before it went up.
     let (out, _) = sh(&w.channel, "cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6").await;
     assert_eq!(out, "1\n");
 
-    // The worker's API reaches netd.
-    let p = EgressPolicy { default_action: Action::Deny as i32, egress: vec![] };
-    wc.set_egress_policy(p.clone()).await.unwrap();
-    let recs = records(&log, "policy ");
-    let Some(netd_control::Msg::Policy(got)) = decode(recs.iter().find_map(|l| l.strip_prefix("policy ")).unwrap()).msg
-    else {
-        panic!("not a policy")
+    // The worker's API reaches netd, and a new policy applies to new
+    // connections at once: deny-all refuses (not a timeout) and resolves
+    // nothing; a domain rule opens the server by its name; an IP rule by
+    // its address.
+    let set = |default: Action, rules: Vec<String>| EgressPolicy {
+        default_action: default as i32,
+        egress: rules.into_iter().map(|target| EgressRule { action: Action::Allow as i32, target }).collect(),
     };
-    assert_eq!(got, p);
+    wc.set_egress_policy(set(Action::Deny, vec![])).await.unwrap();
+    let (out, code) = run(&w, &by_ip).await;
+    assert!(code != 0 && out.contains("refused"), "deny-all still connects: {code} {out}");
+    let (out, code) = run(&w, &format!("nslookup {}", internet::NAME)).await;
+    assert!(code != 0 && out.contains("NXDOMAIN"), "deny-all still resolves: {out}");
+    wc.set_egress_policy(set(Action::Deny, vec![internet::NAME.into()])).await.unwrap();
+    assert_eq!(run(&w, &by_name).await, (internet::BODY.to_owned(), 0), "opened by a domain rule");
+    wc.set_egress_policy(set(Action::Deny, vec![format!("{}/32", net.server)])).await.unwrap();
+    assert_eq!(run(&w, &by_ip).await, (internet::BODY.to_owned(), 0), "opened by its CIDR");
     let stats = wc.net_stats(Empty {}).await.unwrap().into_inner();
-    assert_eq!((stats.tx_bytes, stats.flows, stats.flows_denied), (5, 7, 3));
+    assert!(stats.flows_denied >= 1, "the refused connection: {stats:?}");
+    assert!(stats.dns_queries >= 3 && stats.tx_bytes > 0 && stats.rx_bytes > 0, "{stats:?}");
+    let bad = EgressPolicy {
+        default_action: Action::Allow as i32,
+        egress: vec![EgressRule { action: Action::Deny as i32, target: String::new() }],
+    };
+    let e = wc.set_egress_policy(bad).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("egress[0]: empty target"), "netd names the rule: {}", e.message());
 
     // A paused sandbox's netd still answers (it is not in the frozen leaf).
     if w.cgroup.is_some() {
@@ -297,9 +285,7 @@ async fn an_unprivileged_worker_gives_its_sandbox_the_same_network() {
 #[tokio::test]
 async fn without_net_a_sandbox_has_loopback_only_and_no_netd() {
     let Some(env) = env() else { return };
-    let logs = log_dir(false);
-    let log = logs.path().join("netd.log");
-    let w = start(&env, Spec { prepare: Some(hostile_etc), env: netd_env(&log), ..Spec::default() }).await;
+    let w = start(&env, Spec { prepare: Some(hostile_etc), ..Spec::default() }).await;
     let mut wc = WorkerClient::new(w.channel.clone());
     wc.ready(Empty {}).await.unwrap();
     let (out, _) = sh(&w.channel, "ip -o link show | cut -d: -f2 | tr -d ' '").await;
@@ -322,12 +308,13 @@ async fn without_net_a_sandbox_has_loopback_only_and_no_netd() {
 #[tokio::test]
 async fn a_netd_that_dies_takes_the_network_only() {
     let Some(env) = env() else { return };
-    let logs = log_dir(false);
-    let log = logs.path().join("netd.log");
-    let w = start(&env, Spec { net: Some(net_config()), env: netd_env(&log), ..Spec::default() }).await;
+    let net = Internet::new();
+    let w = start(&env, Spec { net: Some(net_config(net.dns())), ..Spec::default() }).await;
     let mut wc = WorkerClient::new(w.channel.clone());
     wc.ready(Empty {}).await.unwrap();
-    let pid = netd_pid(&records(&log, "start "));
+    let by_ip = Internet::ask(&net.server.to_string());
+    assert_eq!(run(&w, &by_ip).await, (internet::BODY.to_owned(), 0), "the network, before");
+    let pid = netd_pid(&w);
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     let e = wc.set_egress_policy(EgressPolicy::default()).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
@@ -336,6 +323,8 @@ async fn a_netd_that_dies_takes_the_network_only() {
     // The sandbox itself goes on.
     let (out, code) = sh(&w.channel, "echo alive").await;
     assert_eq!((out.as_str(), code), ("alive\n", 0));
+    let (_, code) = run(&w, &by_ip).await;
+    assert_ne!(code, 0, "the network is gone with netd");
     // ... and the worker reaped netd and said so.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -352,23 +341,28 @@ async fn a_netd_that_dies_takes_the_network_only() {
 #[tokio::test]
 async fn a_netd_that_refuses_dies_or_is_missing_fails_the_start_with_its_reason() {
     let Some(env) = env() else { return };
-    let logs = log_dir(false);
-    let mut with_refusal = netd_env(&logs.path().join("netd.log"));
-    with_refusal.push(("PVISOR_FAKE_NETD_REFUSE".into(), "no room for this sandbox".into()));
-    let w = start(&env, Spec { net: Some(net_config()), env: with_refusal, ..Spec::default() }).await;
+    // A start netd refuses: the configuration's policy is invalid.
+    let mut invalid = net_config("198.51.100.53:53".into());
+    invalid.policy = Some(EgressPolicy {
+        default_action: Action::Deny as i32,
+        egress: vec![EgressRule { action: Action::Allow as i32, target: String::new() }],
+    });
+    let w = start(&env, Spec { net: Some(invalid), ..Spec::default() }).await;
     let e = WorkerClient::new(w.channel.clone()).ready(Empty {}).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
-    assert!(e.message().contains("no room for this sandbox"), "netd's reason: {}", e.message());
+    assert!(e.message().contains("egress[0]: empty target"), "netd's reason: {}", e.message());
 
-    let mut dying = netd_env(&logs.path().join("netd2.log"));
-    dying.push(("PVISOR_FAKE_NETD_DIE_ON_START".into(), "1".into()));
-    let w = start(&env, Spec { net: Some(net_config()), env: dying, ..Spec::default() }).await;
+    // A "netd" that exits before it answers (the real one dying is
+    // a_netd_that_dies_takes_the_network_only).
+    let dying = vec![("PVISOR_NETD".to_string(), "/bin/true".to_string())];
+    let w = start(&env, Spec { net: Some(net_config("198.51.100.53:53".into())), env: dying, ..Spec::default() }).await;
     let e = WorkerClient::new(w.channel.clone()).ready(Empty {}).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert!(e.message().contains("network process is gone"), "netd's death: {}", e.message());
 
     let missing = vec![("PVISOR_NETD".to_string(), "/nonexistent/pvisor-netd".to_string())];
-    let w = start(&env, Spec { net: Some(net_config()), env: missing, ..Spec::default() }).await;
+    let w =
+        start(&env, Spec { net: Some(net_config("198.51.100.53:53".into())), env: missing, ..Spec::default() }).await;
     let e = WorkerClient::new(w.channel.clone()).ready(Empty {}).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert!(e.message().contains("/nonexistent/pvisor-netd"), "names the missing netd: {}", e.message());

@@ -96,3 +96,15 @@ fn ids_are_rewritten_and_ttls_clamped() {
     assert_eq!(binding_ttl(3600), Duration::from_secs(360));
     assert_eq!(binding_ttl(u32::MAX), Duration::from_secs(360));
 }
+
+#[test]
+fn truncation_is_read_from_responses_only() {
+    let mut answer = hex(ANSWER_A);
+    assert!(!is_truncated(&answer), "a full answer");
+    answer[2] |= 0x02;
+    assert!(is_truncated(&answer), "TC set");
+    let mut query = hex(QUERY_A);
+    query[2] |= 0x02;
+    assert!(!is_truncated(&query), "TC on a query means nothing");
+    assert!(!is_truncated(&answer[..HEADER_LEN - 1]), "shorter than a header");
+}

@@ -2,8 +2,9 @@
 //! way the broker starts one, a busybox root file system, and a shell
 //! command run through the worker's socket.
 //!
-//! Needs root, the static agent (`$PVISOR_DIST/pvisor-agent`) and busybox;
-//! `scripts/test.sh` provides them. Without `PVISOR_DIST` the tests say so
+//! Needs root, the static agent (`$PVISOR_DIST/pvisor-agent`), the real
+//! `$PVISOR_DIST/pvisor-netd` (each worker gets it as PVISOR_NETD) and
+//! busybox; `scripts/test.sh` provides them. Without `PVISOR_DIST` the tests say so
 //! and pass vacuously; with it set, any missing piece is a failure.
 #![allow(dead_code)]
 use pvisor_proto::agent::agent_client::AgentClient;
@@ -17,11 +18,31 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use tonic::transport::Channel;
 
+pub mod frames;
+pub mod internet;
+
 /// The unprivileged user the non-root tests run a worker as.
 pub const USER: u32 = 1000;
 
 pub struct Env {
     pub agent: PathBuf,
+    pub netd: PathBuf,
+}
+
+/// The real pvisor-netd: `$PVISOR_NETD`, else `$PVISOR_DIST/pvisor-netd`;
+/// None (and a SKIP line) when neither is set, a failure when the file is
+/// missing.
+pub fn netd_exe() -> Option<PathBuf> {
+    let netd = match (std::env::var_os("PVISOR_NETD"), std::env::var_os("PVISOR_DIST")) {
+        (Some(n), _) => PathBuf::from(n),
+        (None, Some(d)) => PathBuf::from(d).join("pvisor-netd"),
+        (None, None) => {
+            eprintln!("SKIP: set PVISOR_DIST or PVISOR_NETD to the real pvisor-netd (scripts/test.sh does)");
+            return None;
+        }
+    };
+    assert!(netd.is_file(), "{} missing (source scripts/common.sh && build)", netd.display());
+    Some(netd)
 }
 
 pub fn env() -> Option<Env> {
@@ -31,8 +52,9 @@ pub fn env() -> Option<Env> {
     };
     let agent = PathBuf::from(dist).join("pvisor-agent");
     assert!(agent.is_file(), "{} missing", agent.display());
+    let netd = netd_exe()?;
     assert!(nix::unistd::geteuid().is_root(), "these tests need root");
-    Some(Env { agent })
+    Some(Env { agent, netd })
 }
 
 /// How to start a worker.
@@ -117,6 +139,7 @@ pub async fn start(env: &Env, spec: Spec) -> Worker {
     let mut cmd =
         pvisor_worker::launch::command(Path::new(env!("CARGO_BIN_EXE_pvisor-worker")), cgroup.as_ref(), fds, log)
             .unwrap();
+    cmd.env(pvisor_worker::netd::NETD_ENV, &env.netd);
     cmd.envs(spec.env);
     if let Some(u) = owner {
         cmd.uid(u).gid(u);
