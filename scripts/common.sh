@@ -53,18 +53,20 @@ host_setup() {
     fi
 }
 
-# Release binaries into target/dist; the agent is static so it runs in any image.
+# Release binaries into target/dist. The agent is static so it runs in any image; pvisor-netd
+# is static too, so an idle one maps no shared libc and loader (1.5 MiB RSS instead of 2.3 MiB;
+# its private memory is ~0.2 MiB either way). netd sits next to pvisor-worker: the worker
+# starts it from its own directory.
 build() {
     log "building (cargo target dir: $CARGO_TARGET_DIR)"
     mkdir -p "$CARGO_TARGET_DIR" "$DIST"
-    # pvisor-netd sits next to pvisor-worker: the worker starts it from its own directory.
-    (cd "$REPO" && cargo build --release --locked -p pvisor -p pvisor-worker -p pvisor-images -p pvisor-netd --bin pvisor --bin pvisor-worker --bin pvisor-imaged --bin pvisor-netd)
+    (cd "$REPO" && cargo build --release --locked -p pvisor -p pvisor-worker -p pvisor-images --bin pvisor --bin pvisor-worker --bin pvisor-imaged)
     local triple
     triple=$(rustc -vV | sed -n 's/^host: //p')
-    (cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p pvisor-agent --target "$triple")
+    (cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p pvisor-agent -p pvisor-netd --bin pvisor-agent --bin pvisor-netd --target "$triple")
     install -m 0755 "$CARGO_TARGET_DIR/release/pvisor" "$CARGO_TARGET_DIR/release/pvisor-worker" \
-        "$CARGO_TARGET_DIR/release/pvisor-imaged" "$CARGO_TARGET_DIR/release/pvisor-netd" "$DIST/"
-    install -m 0755 "$CARGO_TARGET_DIR/$triple/release/pvisor-agent" "$DIST/"
+        "$CARGO_TARGET_DIR/release/pvisor-imaged" "$DIST/"
+    install -m 0755 "$CARGO_TARGET_DIR/$triple/release/pvisor-agent" "$CARGO_TARGET_DIR/$triple/release/pvisor-netd" "$DIST/"
 }
 
 # The vm backend's guest kernel, built once from Debian's linux-source-6.1 (about 5 minutes of
