@@ -65,7 +65,8 @@ fn wait_config() -> Option<(WorkerConfig, Common)> {
 }
 
 /// Hands the sandbox's link to its netd (`netd` is None when the
-/// configuration has no `net`: then there is nothing to do).
+/// configuration has no `net`: then there is nothing to do). netd's answer
+/// is read later ([`network_started`]), while the agent is configured.
 fn connect_network(
     common: &Common,
     cfg: &WorkerConfig,
@@ -75,8 +76,21 @@ fn connect_network(
     let (Some(net), Some(netd)) = (&cfg.net, netd) else { return Ok(None) };
     let netd = netd.map_err(|e| format!("the sandbox's network: {e}"))?;
     let link = link.ok_or("the sandbox's network: the backend made no network link")?;
-    netd.start(&common.sandbox_id, link, net).map_err(|e| format!("the sandbox's network: {e}"))?;
+    netd.send_start(&common.sandbox_id, link, net).map_err(|e| format!("the sandbox's network: {e}"))?;
     Ok(Some(netd))
+}
+
+/// netd's answer to the start [`connect_network`] sent (Ok without a netd).
+async fn network_started(netd: Option<Arc<Netd>>) -> Result<(), String> {
+    let Some(netd) = netd else { return Ok(()) };
+    let t = Instant::now();
+    let r = tokio::task::spawn_blocking(move || netd.await_start()).await;
+    tracing::debug!(waited = ?t.elapsed(), "netd started");
+    match r {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("the sandbox's network: {e}")),
+        Err(e) => Err(format!("the sandbox's network: {e}")),
+    }
 }
 
 /// `msg`, followed by the sandbox's last console lines when it has any.
@@ -153,6 +167,7 @@ fn main() {
     let sync = backend.as_ref().is_ok_and(|b| b.sync_filter());
     let started = backend.and_then(|b| b.start(&common, &cfg));
     let t_started = t0.elapsed();
+    let t_net = Instant::now();
     let (sandbox, initial, netd) = match started {
         Ok(s) => match connect_network(&common, &cfg, netd, s.net_link) {
             Ok(netd) => (Some(Arc::<dyn Sandbox>::from(s.sandbox)), Readiness::Starting, netd),
@@ -174,14 +189,17 @@ fn main() {
         Ok(()) => {}
         Err(e) => fail(format!("seccomp: {e}")),
     }
-    tracing::debug!(started = ?t_started, seccomp = ?t0.elapsed(), "worker start-up");
+    tracing::debug!(started = ?t_started, network = ?t_net.elapsed(), seccomp = ?t0.elapsed(), "worker start-up");
     watch_lifeline(LIFELINE_FD, sandbox.clone());
     let (ready_tx, ready_rx) = watch::channel(initial);
     let netd = netd.map(|mut n| {
         // A netd that dies before the sandbox is ready fails the start.
         let ready = ready_tx.clone();
         n.watch(move |how| {
-            settle(&ready, Readiness::Failed(format!("the sandbox's network process {how}")));
+            // Worded as a start that found netd gone: whichever of the two
+            // sees the death first, the reason reads the same.
+            let gone = NetdError::Gone(how.to_owned());
+            settle(&ready, Readiness::Failed(format!("the sandbox's network: {gone}")));
         });
         Arc::new(n)
     });
@@ -199,6 +217,8 @@ fn main() {
             .register_encoded_file_descriptor_set(pvisor_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
             .unwrap_or_else(|e| fail(e));
+        // netd takes the link while the agent is connected and configured.
+        let net_started = tokio::spawn(network_started(netd.clone()));
         let svc = WorkerService::new(sandbox.clone(), netd, ready_rx, common.cgroup.clone(), common.limits);
         let mut router =
             tonic::transport::Server::builder().add_service(WorkerServer::new(svc)).add_service(reflection);
@@ -212,15 +232,18 @@ fn main() {
                         // One deadline for connecting (a guest's boot) and configuring.
                         let deadline = tokio::time::Instant::from_std(t0 + AGENT_READY_TIMEOUT);
                         let r = tokio::time::timeout_at(deadline, client.configure(agent_cfg)).await;
-                        let state = match r {
-                            Ok(Ok(p)) => Readiness::Ready(ReadyReply {
+                        // Ready needs both the agent and the network.
+                        let net = net_started.await.unwrap_or_else(|e| Err(format!("the sandbox's network: {e}")));
+                        let state = match (r, net) {
+                            (Ok(Ok(p)), Ok(())) => Readiness::Ready(ReadyReply {
                                 backend: sb.backend().into(),
                                 agent_pid: sb.init_pid() as u32,
                                 agent_version: p.into_inner().version,
                                 boot_us: t0.elapsed().as_micros() as u64,
                             }),
-                            Ok(Err(e)) => Readiness::Failed(format!("configuring the agent: {}", e.message())),
-                            Err(_) => Readiness::Failed(with_console(
+                            (Ok(Ok(_)), Err(e)) => Readiness::Failed(e),
+                            (Ok(Err(e)), _) => Readiness::Failed(format!("configuring the agent: {}", e.message())),
+                            (Err(_), _) => Readiness::Failed(with_console(
                                 format!("the agent did not answer within {} s", AGENT_READY_TIMEOUT.as_secs()),
                                 sb.as_ref(),
                             )),

@@ -17,6 +17,14 @@
 //!   updates and stats keep being answered, and the flows netd holds on the
 //!   host side stay serviced while the sandbox sleeps.
 //!
+//! On the create path the worker does not wait for netd: [`Netd::send_start`]
+//! hands over the link and returns, the agent is connected and configured
+//! meanwhile, and [`Netd::await_start`] reads netd's answer before the
+//! sandbox is reported ready (a round trip to another process costs a
+//! scheduling delay on a busy host, which is the agent's to hide). A request
+//! made while the answer is still unread reads it first, so answers never
+//! cross.
+//!
 //! A config without `net` drops its [`Netd`] (killed and reaped). netd dying
 //! kills nothing else: the sandbox only loses its network, which the worker
 //! logs; requests after that fail with [`NetdError::Gone`].
@@ -66,11 +74,26 @@ pub struct Netd {
     pid: i32,
     /// The worker's end of the control socket; held for a whole request
     /// and its reply, so answers never cross.
-    control: Mutex<OwnedFd>,
+    control: Mutex<Control>,
     /// Set once the process was reaped: how it ended.
     exit: Arc<Mutex<Option<String>>>,
     /// Whether a [`Netd::watch`] thread reaps it (else drop does).
     watched: bool,
+}
+
+/// The control socket and where the `start` request stands.
+struct Control {
+    fd: OwnedFd,
+    start: StartState,
+}
+
+enum StartState {
+    /// No start sent, or its answer already handed out.
+    Settled,
+    /// Sent; netd's answer is unread.
+    Pending,
+    /// Read by another request first: the failure, for [`Netd::await_start`].
+    Failed(NetdError),
 }
 
 /// Where `pvisor-netd` is: [`NETD_ENV`], else next to the running executable.
@@ -119,7 +142,12 @@ impl Netd {
         }
         let child = cmd.spawn().map_err(spawn_err)?;
         drop(theirs);
-        Ok(Netd { pid: child.id() as i32, control: Mutex::new(ours), exit: Arc::new(Mutex::new(None)), watched: false })
+        Ok(Netd {
+            pid: child.id() as i32,
+            control: Mutex::new(Control { fd: ours, start: StartState::Settled }),
+            exit: Arc::new(Mutex::new(None)),
+            watched: false,
+        })
     }
 
     /// netd's host pid.
@@ -131,12 +159,35 @@ impl Netd {
     /// closed here once sent) and its network configuration, and waits
     /// for netd to accept them.
     pub fn start(&self, sandbox_id: &str, link: NetLink, cfg: &NetConfig) -> Result<()> {
+        self.send_start(sandbox_id, link, cfg)?;
+        self.await_start()
+    }
+
+    /// The first half of [`Netd::start`]: sends the link and configuration
+    /// and returns without waiting; [`Netd::await_start`] reads the answer.
+    pub fn send_start(&self, sandbox_id: &str, link: NetLink, cfg: &NetConfig) -> Result<()> {
         let msg = netd_control::Msg::Start(NetdStart {
             sandbox_id: sandbox_id.to_owned(),
             link: link.kind as i32,
             config: Some(cfg.clone()),
         });
-        self.request(msg, Some(link.fd)).map(drop)
+        self.check_alive()?;
+        let bytes = prost::Message::encode_to_vec(&NetdControl { msg: Some(msg) });
+        let mut control = self.lock_control();
+        send(&control.fd, &bytes, Some(&link.fd))?;
+        control.start = StartState::Pending;
+        Ok(())
+    }
+
+    /// The second half of [`Netd::start`]: netd's answer to the start sent
+    /// by [`Netd::send_start`] (Ok at once when none is pending).
+    pub fn await_start(&self) -> Result<()> {
+        let mut control = self.lock_control();
+        match std::mem::replace(&mut control.start, StartState::Settled) {
+            StartState::Settled => Ok(()),
+            StartState::Pending => read_reply(&control.fd).map(drop),
+            StartState::Failed(e) => Err(e),
+        }
     }
 
     /// Replaces the policy netd applies to new flows.
@@ -167,22 +218,45 @@ impl Netd {
         });
     }
 
-    /// One request and its reply.
+    /// Fails with [`NetdError::Gone`] once netd was reaped.
+    fn check_alive(&self) -> Result<()> {
+        match self.exit.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            Some(how) => Err(NetdError::Gone(how)),
+            None => Ok(()),
+        }
+    }
+
+    fn lock_control(&self) -> std::sync::MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One request and its reply (a pending start's answer is read first).
     fn request(&self, msg: netd_control::Msg, fd: Option<OwnedFd>) -> Result<NetdReply> {
-        if let Some(how) = self.exit.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            return Err(NetdError::Gone(how));
-        }
+        self.check_alive()?;
         let bytes = prost::Message::encode_to_vec(&NetdControl { msg: Some(msg) });
-        let control = self.control.lock().unwrap_or_else(|e| e.into_inner());
-        send(&control, &bytes, fd.as_ref())?;
-        drop(fd);
-        let reply = recv(&control)?;
-        let reply =
-            <NetdReply as prost::Message>::decode(reply.as_slice()).map_err(|e| NetdError::BadReply(e.to_string()))?;
-        match reply.error.is_empty() {
-            true => Ok(reply),
-            false => Err(NetdError::Refused(reply.error)),
+        let mut control = self.lock_control();
+        if matches!(control.start, StartState::Pending) {
+            // The start's answer comes first; a failure waits for await_start
+            // (this request then gets netd's own "not started").
+            control.start = match read_reply(&control.fd) {
+                Ok(_) => StartState::Settled,
+                Err(e) => StartState::Failed(e),
+            };
         }
+        send(&control.fd, &bytes, fd.as_ref())?;
+        drop(fd);
+        read_reply(&control.fd)
+    }
+}
+
+/// One `NetdReply`, an error when it carries one.
+fn read_reply(control: &OwnedFd) -> Result<NetdReply> {
+    let reply = recv(control)?;
+    let reply =
+        <NetdReply as prost::Message>::decode(reply.as_slice()).map_err(|e| NetdError::BadReply(e.to_string()))?;
+    match reply.error.is_empty() {
+        true => Ok(reply),
+        false => Err(NetdError::Refused(reply.error)),
     }
 }
 

@@ -42,8 +42,9 @@ pub fn child_main(a: &InitArgs) -> isize {
 
 fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(|e| format!("pdeathsig: {e}"))?;
-    // The tap first: /dev/net/tun is opened with the worker's host identity.
-    let tap = a.link_sock.as_ref().map(|_| super::link::create_tap()).transpose()?;
+    // /dev/net/tun first, with the worker's host identity (the tap is made
+    // once root of the namespace, see super::link).
+    let tap = a.link_sock.as_ref().map(|_| super::link::open_tun()).transpose()?;
     // Open the layers while still holding the worker's host identity (the
     // sandbox's root may not be able to traverse the data directory's
     // parents) and already inside the new mount namespace (overlayfs only

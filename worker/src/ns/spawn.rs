@@ -151,11 +151,21 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
     tracing::debug!(exec = ?t.elapsed(), "agent exec'd");
     // Sent before the exec, so it is queued on the socket by now.
     let tap = match &link_ours {
-        Some(sock) => Some(super::link::receive(sock).map_err(|e| {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-            WorkerError::Start(e)
-        })?),
+        Some(sock) => {
+            let (tap, times) = super::link::receive(sock).map_err(|e| {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+                WorkerError::Start(e)
+            })?;
+            tracing::debug!(
+                sysctl_us = times.sysctl_us,
+                tap_us = times.tap_us,
+                address_us = times.address_us,
+                route_us = times.route_us,
+                "the init's link set-up"
+            );
+            Some(tap)
+        }
         None => None,
     };
     Ok(Spawned { pid, connections: ours, tap })
