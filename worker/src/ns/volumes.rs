@@ -259,3 +259,110 @@ pub fn attach(root: &Path, d: &Detached) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` in a forked child inside new user and mount namespaces
+    /// (fork: the test harness is multi-threaded, unshare needs a single
+    /// thread); the child's exit code 0 means `f` returned Ok.
+    fn in_namespaces(f: impl FnOnce() -> Result<(), String>) {
+        // SAFETY: the child only makes syscalls and allocates (glibc's fork
+        // resets the allocator's locks), then exits without unwinding.
+        match unsafe { nix::unistd::fork() }.expect("fork") {
+            nix::unistd::ForkResult::Child => {
+                let r = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_NEWNS)
+                    .map_err(|e| format!("unshare: {e}"))
+                    .and_then(|()| f());
+                if let Err(e) = &r {
+                    eprintln!("{e}");
+                }
+                // SAFETY: _exit ends the forked child at once.
+                unsafe { libc::_exit(r.is_err() as i32) }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let st = nix::sys::wait::waitpid(child, None).expect("waitpid");
+                assert_eq!(st, nix::sys::wait::WaitStatus::Exited(child, 0), "child failed (see its stderr)");
+            }
+        }
+    }
+
+    fn volume(root: &Path, rel: &str, mount_path: &str, read_only: bool) -> Volume {
+        Volume {
+            name: "t".into(),
+            source_root: root.to_string_lossy().into_owned(),
+            source_path: rel.into(),
+            mount_path: mount_path.into(),
+            read_only,
+        }
+    }
+
+    #[test]
+    fn the_resolved_directory_is_mounted_even_if_swapped_for_a_symlink() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let (allowed, newroot) = (d.path().join("allowed"), d.path().join("root"));
+        std::fs::create_dir_all(allowed.join("vol")).expect("mkdir");
+        std::fs::create_dir_all(&newroot).expect("mkdir");
+        std::fs::write(allowed.join("vol/marker"), "original").expect("write");
+        in_namespaces(|| {
+            let tree = detach(&volume(&allowed, "vol", "/mnt/v", true))?;
+            // Swapped after the resolution: the path now leads to /etc.
+            std::fs::rename(allowed.join("vol"), allowed.join("moved")).map_err(|e| e.to_string())?;
+            std::os::unix::fs::symlink("/etc", allowed.join("vol")).map_err(|e| e.to_string())?;
+            attach(&newroot, &tree)?;
+            let got = std::fs::read_to_string(newroot.join("mnt/v/marker")).map_err(|e| e.to_string())?;
+            if got != "original" {
+                return Err(format!("mounted {got:?}"));
+            }
+            match std::fs::write(newroot.join("mnt/v/new"), "x") {
+                Err(e) if e.raw_os_error() == Some(libc::EROFS) => Ok(()),
+                other => Err(format!("write to a read-only volume: {other:?}")),
+            }
+        });
+    }
+
+    #[test]
+    fn sources_leading_out_of_their_root_are_refused() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let allowed = d.path().join("allowed");
+        std::fs::create_dir_all(&allowed).expect("mkdir");
+        std::os::unix::fs::symlink("/", allowed.join("abs")).expect("symlink");
+        std::os::unix::fs::symlink("..", allowed.join("up")).expect("symlink");
+        std::os::unix::fs::symlink("/proc/self/root", allowed.join("magic")).expect("symlink");
+        in_namespaces(|| {
+            for rel in ["abs", "abs/etc", "up", "magic", "../"] {
+                if detach(&volume(&allowed, rel, "/m", false)).is_ok() {
+                    return Err(format!("{rel} was resolved"));
+                }
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn mount_points_resolve_inside_the_new_root() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let (src, newroot, outside) = (d.path().join("src"), d.path().join("root"), d.path().join("outside"));
+        for p in [&src, &newroot, &outside] {
+            std::fs::create_dir_all(p).expect("mkdir");
+        }
+        std::fs::write(src.join("marker"), "vol").expect("write");
+        // An image symlink pointing at a host path (absolute, as the host
+        // sees it), whose target the image also has.
+        std::os::unix::fs::symlink(&outside, newroot.join("link")).expect("symlink");
+        let rel_outside = outside.strip_prefix("/").expect("absolute").to_path_buf();
+        std::fs::create_dir_all(newroot.join(&rel_outside)).expect("mkdir");
+        in_namespaces(|| {
+            let tree = detach(&volume(&src, "", "/link/sub", false))?;
+            attach(&newroot, &tree)?;
+            // Resolved as if newroot were `/`: <newroot><outside>/sub.
+            let inside = newroot.join(&rel_outside).join("sub/marker");
+            let got = std::fs::read_to_string(&inside).map_err(|e| format!("{}: {e}", inside.display()))?;
+            if got != "vol" || outside.join("sub").exists() {
+                return Err("the mount point left the new root".into());
+            }
+            Ok(())
+        });
+    }
+}
