@@ -272,9 +272,10 @@ mod tests {
         // resets the allocator's locks), then exits without unwinding.
         match unsafe { nix::unistd::fork() }.expect("fork") {
             nix::unistd::ForkResult::Child => {
-                let r = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_NEWNS)
-                    .map_err(|e| format!("unshare: {e}"))
-                    .and_then(|()| f());
+                let r =
+                    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_NEWNS)
+                        .map_err(|e| format!("unshare: {e}"))
+                        .and_then(|()| f());
                 if let Err(e) = &r {
                     eprintln!("{e}");
                 }
