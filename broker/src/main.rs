@@ -4,6 +4,7 @@ mod cli;
 mod execd;
 mod sandbox;
 mod server;
+mod volumes;
 
 use clap::{Parser, Subcommand};
 use sandbox::backend::BackendChoice;
@@ -78,6 +79,10 @@ enum Cmd {
         /// (repeatable; the broker's listen address is always refused).
         #[arg(long = "net-deny", value_name = "ADDR|CIDR")]
         net_deny: Vec<String>,
+        /// A host directory beneath which sandboxes may mount host paths
+        /// (repeatable; none by default, so every host volume is refused).
+        #[arg(long = "allow-host-path", value_name = "PREFIX")]
+        allow_host_paths: Vec<PathBuf>,
     },
     /// Explain what this host supports and which backend `auto` picks.
     Doctor {
@@ -90,6 +95,11 @@ enum Cmd {
     Image {
         #[command(subcommand)]
         cmd: ImageCmd,
+    },
+    /// Manage named volumes (`pvc` volumes of sandboxes).
+    Volume {
+        #[command(subcommand)]
+        cmd: VolumeCmd,
     },
     /// List sandboxes.
     Ps(ServerArg),
@@ -167,6 +177,39 @@ enum ImageCmd {
     },
 }
 
+#[derive(Subcommand)]
+enum VolumeCmd {
+    /// Create a named volume (nothing happens if it exists).
+    Create {
+        name: String,
+        #[command(flatten)]
+        pool: PoolArgs,
+    },
+    /// List named volumes.
+    Ls {
+        #[command(flatten)]
+        pool: PoolArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show named volumes (with --json: an array with `Mountpoint`, the host directory).
+    Inspect {
+        #[arg(required = true)]
+        names: Vec<String>,
+        #[command(flatten)]
+        pool: PoolArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove named volumes and their content (refused while a sandbox uses one).
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+        #[command(flatten)]
+        pool: PoolArgs,
+    },
+}
+
 #[derive(clap::Args)]
 struct PoolArgs {
     #[arg(long, env = "PVISOR_DATA_DIR")]
@@ -190,6 +233,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             default_egress,
             net_dns,
             net_deny,
+            allow_host_paths,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -207,6 +251,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 default_egress,
                 net_dns,
                 net_deny,
+                allow_host_paths,
             })
             .await?;
         }
@@ -226,6 +271,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
         }
         Cmd::Image { cmd: ImageCmd::Gc { pool, json } } => cli::image::gc(&cli::image::pool(pool.data_dir)?, json)?,
         Cmd::Image { cmd: ImageCmd::Du { pool, json } } => cli::image::du(&cli::image::pool(pool.data_dir)?, json)?,
+        Cmd::Volume { cmd } => volume_cmd(cmd)?,
         Cmd::Ps(s) => cli::ps(&cli::client::Client::new(&s.server)).await?,
         Cmd::Exec { server, id, command } => {
             return cli::exec::exec(&cli::client::Client::new(&server.server), &id, &command).await
@@ -233,6 +279,16 @@ async fn run(cli: Cli) -> Result<i32, String> {
         Cmd::Rm { server, ids } => cli::rm(&cli::client::Client::new(&server.server), &ids).await?,
     }
     Ok(0)
+}
+
+fn volume_cmd(cmd: VolumeCmd) -> Result<(), String> {
+    let dir = |p: PoolArgs| p.data_dir.unwrap_or_else(server::default_data_dir);
+    match cmd {
+        VolumeCmd::Create { name, pool } => cli::volume::create(&dir(pool), &name),
+        VolumeCmd::Ls { pool, json } => cli::volume::ls(&dir(pool), json),
+        VolumeCmd::Inspect { names, pool, json } => cli::volume::inspect(&dir(pool), &names, json),
+        VolumeCmd::Rm { names, pool } => cli::volume::rm(&dir(pool), &names),
+    }
 }
 
 fn main() {

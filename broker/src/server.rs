@@ -46,6 +46,8 @@ pub struct Ctx {
     pub vm: Result<VmAssets, String>,
     /// Networking: the default egress, upstream resolvers, the deny list.
     pub net: NetSettings,
+    /// Host-path allowlist and the named-volume store.
+    pub volumes: crate::volumes::Settings,
 }
 
 impl Ctx {
@@ -79,6 +81,8 @@ pub struct ServeOptions {
     pub net_dns: Vec<String>,
     /// `--net-deny`.
     pub net_deny: Vec<String>,
+    /// `--allow-host-path`.
+    pub allow_host_paths: Vec<PathBuf>,
 }
 
 /// `/var/lib/pvisor` for root, else the user's data directory.
@@ -224,6 +228,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         ));
     }
     let net = NetSettings::new(o.default_egress, &o.net_dns, &o.net_deny, o.listen)?;
+    let volumes = crate::volumes::Settings::new(&o.allow_host_paths, &o.data_dir)?;
     let run_dir = run_dir(&o.data_dir)?;
     let sandboxes_dir = o.data_dir.join("sandboxes");
     clean_dir(&run_dir)?;
@@ -316,6 +321,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         default_backend,
         vm,
         net,
+        volumes,
     })
 }
 

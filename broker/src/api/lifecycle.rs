@@ -138,9 +138,7 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     if req.template_id.is_some() {
         return Err(unsupported_field("templateId"));
     }
-    if req.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(unsupported_field("volumes"));
-    }
+    let volumes = crate::volumes::check(req.volumes.as_deref(), &ctx.volumes.allowed)?;
     let policy = req.network_policy.as_ref().map(Policy::from_json).transpose().map_err(egress::create_error)?;
     if req.credential_proxy.as_ref().and_then(|c| c.get("enabled")).and_then(|e| e.as_bool()) == Some(true) {
         return Err(ApiError::new(
@@ -180,6 +178,9 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     }
 
     let backend = backend::choose(&ctx, req.extensions.as_ref())?;
+    if matches!(backend, pvisor_worker::config::BackendKind::Vm) && !volumes.is_empty() {
+        return Err(crate::volumes::VolumeError::BackendCannotMount("vm").into());
+    }
     backend::check_limits(backend, &limits)?;
     let record = resolve_image(&ctx, image).await?;
     let cfg = &record.config;
@@ -205,8 +206,13 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "IMAGE_SERVE_FAILED", e))?;
     let policy = ctx.net.initial_policy(policy);
     let net = policy.as_ref().map(|p| ctx.net.config(p));
-    let spec = LaunchSpec { id: id.clone(), root, limits, agent, net };
-    let (runtime, child) = launch::launch(&ctx, &spec).await?;
+    let c = ctx.clone();
+    let prepared = tokio::task::spawn_blocking(move || crate::volumes::prepare(&volumes, &c.volumes.store))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let spec = LaunchSpec { id: id.clone(), root, limits, agent, net, volumes: prepared.mounts };
+    let (mut runtime, child) = launch::launch(&ctx, &spec).await?;
+    runtime.volumes = Some(prepared.held);
     let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
     let log = runtime.log.clone();
     let entry = Arc::new(

@@ -28,6 +28,8 @@ pub struct LaunchSpec {
     pub agent: AgentConfig,
     /// `WorkerConfig.net`: the network, or `None` for loopback only.
     pub net: Option<pvisor_proto::net::NetConfig>,
+    /// `NsConfig.volumes` (crate::volumes::prepare).
+    pub volumes: Vec<pvisor_worker::config::Volume>,
 }
 
 /// The limits of the sandbox's whole group. A vm's guest RAM is the memory
@@ -50,6 +52,7 @@ fn backend_config(ctx: &Ctx, spec: &LaunchSpec, state_dir: &Path) -> Result<Back
             state_dir: state_dir.to_string_lossy().into_owned(),
             ids: Some(ctx.ids.into()),
             agent_path: ctx.agent_bin.to_string_lossy().into_owned(),
+            volumes: spec.volumes.clone(),
         })),
         RootFs::Disk(disk) => {
             let vm = ctx.vm.as_ref().map_err(|e| format!("the vm backend is not available on this server: {e}"))?;
@@ -99,7 +102,10 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
         Ok(channel) => {
             let worker_pid = child.id().unwrap_or(0);
             let worker_pidfd = super::teardown::pidfd_open(worker_pid);
-            Ok((Runtime { channel, worker_pid, worker_pidfd, cgroup, state_dir, socket, log, lifeline }, child))
+            Ok((
+                Runtime { channel, worker_pid, worker_pidfd, cgroup, state_dir, socket, log, lifeline, volumes: None },
+                child,
+            ))
         }
         Err(msg) => {
             let _ = child.start_kill();

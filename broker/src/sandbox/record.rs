@@ -54,6 +54,8 @@ pub struct Runtime {
     pub log: PathBuf,
     /// The broker's end of the worker's lifeline pipe; dropping it ends the worker.
     pub lifeline: OwnedFd,
+    /// The sandbox's named volumes in use (and those to delete with it).
+    pub volumes: Option<crate::volumes::Held>,
 }
 
 pub struct SandboxEntry {

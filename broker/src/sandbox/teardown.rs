@@ -13,7 +13,7 @@ pub async fn teardown(entry: &Arc<SandboxEntry>) {
 }
 
 fn release(id: &str, rt: Runtime) {
-    let Runtime { worker_pid, worker_pidfd, cgroup, state_dir, socket, log, lifeline, channel } = rt;
+    let Runtime { worker_pid, worker_pidfd, cgroup, state_dir, socket, log, lifeline, channel, volumes } = rt;
     drop(channel);
     // SIGKILL the worker; its sandbox init dies with it (PDEATHSIG), and the
     // cgroup sweep below catches anything else.
@@ -33,6 +33,8 @@ fn release(id: &str, rt: Runtime) {
             tracing::warn!(sandbox = id, "removing {}: {e}", state_dir.display());
         }
     }
+    // Named volumes released (and those made for this sandbox alone deleted).
+    drop(volumes);
     tracing::info!(sandbox = id, "sandbox torn down");
 }
 

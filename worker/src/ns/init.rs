@@ -3,6 +3,8 @@
 //! Runs in the cloned child of a still single-threaded worker. Any failure is
 //! written to the error pipe (the worker reports it) and the child exits.
 use super::mounts::{self, RootfsSpec};
+use super::volumes::{self, Detached};
+use crate::config::Volume;
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
@@ -28,6 +30,17 @@ pub struct InitArgs {
     pub link_sock: Option<OwnedFd>,
     pub argv: Vec<CString>,
     pub env: Vec<CString>,
+    pub volumes: InitVolumes,
+}
+
+/// The sandbox's volumes as the init gets them.
+pub enum InitVolumes {
+    /// Detached by a root worker before the clone (and idmapped by it before
+    /// the release): the fds are the child's copies.
+    Detached(Vec<Detached>),
+    /// For the init to detach in its own mount namespace (an unprivileged
+    /// worker cannot clone mounts in its own).
+    Pending(Vec<Volume>),
 }
 
 /// Entry point of the cloned child; returns only on failure.
@@ -57,6 +70,14 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
             .map_err(|e| format!("open {}: {e}", p.display()))
     };
     let layers = [open_dir(&a.lower)?, open_dir(&a.upper)?, open_dir(&a.work)?];
+    let pending: Vec<Detached>;
+    let trees: &[Detached] = match &a.volumes {
+        InitVolumes::Detached(t) => t,
+        InitVolumes::Pending(v) => {
+            pending = v.iter().map(volumes::detach).collect::<Result<_, _>>()?;
+            &pending
+        }
+    };
     let mut b = [0u8; 1];
     match nix::unistd::read(a.go.as_raw_fd(), &mut b) {
         Ok(1) => {}
@@ -83,7 +104,7 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).map_err(|e| format!("cgroup namespace: {e}"))?;
     let fd_path = |fd: &OwnedFd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
     let (lower, upper, work) = (fd_path(&layers[0]), fd_path(&layers[1]), fd_path(&layers[2]));
-    mounts::setup(&RootfsSpec { lower: &lower, upper: &upper, work: &work })?;
+    mounts::setup(&RootfsSpec { lower: &lower, upper: &upper, work: &work, volumes: trees })?;
     super::etc::write(&super::etc::EtcFiles { hostname: &a.hostname, net: a.link_sock.is_some() })?;
     sethostname(&a.hostname).map_err(|e| format!("sethostname: {e}"))?;
     pvisor_net::iface::loopback_up().map_err(|e| format!("loopback: {e}"))?;

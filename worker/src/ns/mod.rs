@@ -11,12 +11,15 @@
 //! * [`link`]: with a network, the tap `eth0` the init creates in the new
 //!   network namespace and hands to the worker (for netd).
 //! * [`freeze`]: pausing by the cgroup freezer.
+//! * [`volumes`]: host directories mounted by fd (resolved beneath their
+//!   root, attached at a mount point resolved inside the sandbox root).
 pub mod etc;
 pub mod freeze;
 pub mod init;
 pub mod link;
 pub mod mounts;
 pub mod spawn;
+pub mod volumes;
 
 use crate::backend::{Backend, NetLink, Sandbox, SandboxExit, Started};
 use crate::config::{BackendConfig, Common, WorkerConfig};

@@ -1,6 +1,6 @@
 //! The sandbox's root filesystem, built in the child's new mount namespace:
 //! the image read-only as overlay lower, the sandbox's own upper, a fresh
-//! /proc, a minimal /dev, tmpfs /tmp and /dev/shm, then pivot_root.
+//! /proc, a minimal /dev, tmpfs /tmp and /dev/shm, the volumes, then pivot_root.
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use std::fs;
 use std::os::unix::fs::symlink;
@@ -15,6 +15,8 @@ pub struct RootfsSpec<'a> {
     pub lower: &'a Path,
     pub upper: &'a Path,
     pub work: &'a Path,
+    /// Attached last, so a volume under /tmp or /dev lands on those mounts.
+    pub volumes: &'a [super::volumes::Detached],
 }
 
 /// Device nodes bind-mounted from the host (a user namespace cannot mknod).
@@ -91,6 +93,9 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
     // Read-only sysfs is a convenience for tools; a host that refuses it is fine.
     if mountpoint(&r.join("sys")).is_ok() {
         let _ = m(Some("sysfs"), &r.join("sys"), Some("sysfs"), nsd | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY, None);
+    }
+    for v in s.volumes {
+        super::volumes::attach(r, v)?;
     }
     std::env::set_current_dir(r).map_err(|e| format!("chdir {}: {e}", r.display()))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;

@@ -1,5 +1,6 @@
 //! The worker side of starting an ns sandbox.
-use super::init::{self, InitArgs, AGENT_FD};
+use super::init::{self, InitArgs, InitVolumes, AGENT_FD};
+use super::volumes;
 use crate::config::{Common, IdMap, NsConfig};
 use crate::error::{Result, WorkerError};
 use nix::fcntl::OFlag;
@@ -35,6 +36,26 @@ fn write_id_maps(pid: i32, ids: &IdMap) -> Result<()> {
         .map_err(|e| WorkerError::sys("uid_map", e))?;
     fs::write(proc_file("gid_map"), format!("0 {} {}\n", ids.gid_base, ids.count))
         .map_err(|e| WorkerError::sys("gid_map", e))?;
+    Ok(())
+}
+
+/// Idmaps the detached volume trees through the child's user namespace, so
+/// host ids appear as the same ids inside (sandbox root owns what host root
+/// owns). Where the filesystem cannot be idmapped, the volume is mounted as
+/// is: host files then appear with the overflow id to the sandbox and are
+/// writable only where their mode lets "others" write.
+fn idmap_volumes(pid: i32, trees: &[volumes::Detached]) -> Result<()> {
+    if trees.is_empty() {
+        return Ok(());
+    }
+    let userns: OwnedFd = fs::File::open(format!("/proc/{pid}/ns/user"))
+        .map_err(|e| WorkerError::sys("open the sandbox's user namespace", e))?
+        .into();
+    for t in trees {
+        if let Err(e) = volumes::idmap(&t.tree, &userns) {
+            tracing::warn!(volume = %t.name, "volume not idmapped ({e}): host ownership applies as is");
+        }
+    }
     Ok(())
 }
 
@@ -93,6 +114,20 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
     let agent_exe: OwnedFd = fs::File::open(agent_path)
         .map_err(|e| WorkerError::sys(format!("open agent {}", agent_path.display()), e))?
         .into();
+    // A root worker detaches the volumes here (cloning mounts of its own
+    // namespace needs its CAP_SYS_ADMIN) so it can idmap them once the
+    // child's user namespace exists; an unprivileged one leaves it to the init.
+    let privileged = ids.count > 1;
+    let init_volumes = match privileged {
+        true => InitVolumes::Detached(
+            ns.volumes
+                .iter()
+                .map(volumes::detach)
+                .collect::<std::result::Result<_, _>>()
+                .map_err(WorkerError::Start)?,
+        ),
+        false => InitVolumes::Pending(ns.volumes.clone()),
+    };
     let args = InitArgs {
         go: go_rd,
         err: err_wr,
@@ -106,6 +141,7 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
         argv: vec![cstr("pvisor-agent")?, cstr("--fd")?, cstr(&AGENT_FD.to_string())?],
         // The configuration arrives over the first connection (Agent.Configure).
         env: vec![cstr("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")?],
+        volumes: init_volumes,
     };
     let flags = CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
@@ -120,12 +156,15 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
     let pid =
         unsafe { nix::sched::clone(Box::new(|| init::child_main(&args)), &mut stack, flags, Some(libc::SIGCHLD)) }
             .map_err(|e| WorkerError::sys("clone", e))?;
-    let InitArgs { go, err, agent_sock, link_sock, .. } = args;
+    let InitArgs { go, err, agent_sock, link_sock, volumes: our_volumes, .. } = args;
     drop((go, err, agent_sock, link_sock));
     let pid = pid.as_raw();
     let t = std::time::Instant::now();
     let release = || -> Result<()> {
         write_id_maps(pid, &ids)?;
+        if let InitVolumes::Detached(trees) = &our_volumes {
+            idmap_volumes(pid, trees)?;
+        }
         // No cgroup move: the child inherited the worker's `sandbox` leaf.
         // OOM score, nice and RLIMIT_MEMLOCK come from the worker
         // (harden::protect_worker, before the clone).

@@ -131,6 +131,7 @@ pub async fn start(env: &Env, spec: Spec) -> Worker {
             state_dir: dir.path().join("state").to_string_lossy().into_owned(),
             ids: Some(ids.into()),
             agent_path: env.agent.to_string_lossy().into_owned(),
+            volumes: vec![],
         })),
         net: spec.net,
     };
