@@ -14,6 +14,7 @@ pub mod config;
 pub mod error;
 pub mod files;
 pub mod guest;
+pub mod identity;
 pub mod lines;
 pub mod passwd;
 pub mod reaper;

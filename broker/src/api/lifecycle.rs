@@ -220,6 +220,7 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
             .with_image_id(image_id)
             .with_egress(policy),
     );
+    entry.events.push(crate::sandbox::events::EventKind::Ready, None);
     ctx.registry.insert(entry.clone());
     launch::monitor(entry.clone(), child, log);
     tracing::info!(sandbox = %entry.id, image = %entry.image_uri, "created");
@@ -319,6 +320,7 @@ pub async fn renew(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, body: By
             ));
         }
         s.expires_at = Some(at);
+        e.events.push(crate::sandbox::events::EventKind::Renewed, Some(format!("expires at {}", rfc3339(&at))));
         Ok(at)
     });
     let at = r.ok_or_else(|| ApiError::sandbox_not_found(&id))??;

@@ -5,12 +5,14 @@
 //! `/v1/sandboxes/{id}/networkpolicy` are the egress policy API ([`egress`]).
 pub mod admin;
 pub mod auth;
+pub mod diagnostics;
 pub mod egress;
 pub mod error;
 pub mod lifecycle;
 pub mod limits;
 pub mod models;
 pub mod query;
+pub mod request_id;
 
 use crate::execd;
 use crate::server::Ctx;
@@ -56,6 +58,9 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/sandboxes/{id}/snapshots", any(lifecycle::unsupported))
         .route("/snapshots", any(lifecycle::unsupported))
         .route("/templates", any(lifecycle::unsupported))
+        .route("/templates/{*rest}", any(lifecycle::unsupported))
+        .route("/sandboxes/{id}/diagnostics/logs", get(diagnostics::logs))
+        .route("/sandboxes/{id}/diagnostics/events", get(diagnostics::events))
         .route("/metrics/events", post(lifecycle::metrics_event))
         .merge(data_plane.clone())
         .route_layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::require_api_key));
@@ -71,5 +76,6 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(request_id::layer))
         .with_state(ctx)
 }

@@ -1,5 +1,6 @@
 //! `/files` and `/directories`.
 use super::fileinfo::{mode_from_wire, to_json};
+use super::identity::{request, Who};
 use super::{agent, Sandbox};
 use crate::api::error::{parse_json, ApiError, ApiResult};
 use crate::api::query::Query;
@@ -59,9 +60,9 @@ fn file_list(files: &[FileInfo]) -> Json<Value> {
     Json(Value::Array(files.iter().map(to_json).collect()))
 }
 
-pub async fn info(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
+pub async fn info(Extension(sb): Sandbox, who: Who, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
     let asked = paths(&raw)?;
-    let files = agent(&sb)?.stat(PathsRequest { paths: asked.clone() }).await?.into_inner().files;
+    let files = agent(&sb)?.stat(request(PathsRequest { paths: asked.clone() }, &who)).await?.into_inner().files;
     // Keyed by the path as asked (the agent answers in order, normalized).
     let mut out = Map::new();
     for (p, f) in asked.iter().zip(&files) {
@@ -97,11 +98,16 @@ impl<T> std::ops::DerefMut for AbortOnDrop<T> {
 /// Multipart upload: `metadata` and `file` parts in pairs, streamed to the
 /// agent. If the body breaks off, the agent call is cancelled and the agent
 /// discards the partial file (the target keeps its old content).
-pub async fn upload(Extension(sb): Sandbox, mp: Result<Multipart, MultipartRejection>) -> ApiResult<StatusCode> {
+pub async fn upload(
+    Extension(sb): Sandbox,
+    who: Who,
+    mp: Result<Multipart, MultipartRejection>,
+) -> ApiResult<StatusCode> {
     let mut mp = mp.map_err(|e| ApiError::bad_request(format!("invalid multipart body: {e}")))?;
     let mut client = agent(&sb)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<UploadChunk>(8);
-    let mut call = AbortOnDrop(tokio::spawn(async move { client.upload(ReceiverStream::new(rx)).await }));
+    let mut call =
+        AbortOnDrop(tokio::spawn(async move { client.upload(request(ReceiverStream::new(rx), &who)).await }));
     let chunk = |kind| UploadChunk { kind: Some(kind) };
     let fed: ApiResult<bool> = async {
         let mut metas: VecDeque<UploadMeta> = VecDeque::new();
@@ -187,11 +193,16 @@ fn parse_range(h: &str, size: u64) -> Option<Result<(u64, u64), ()>> {
     Some(r)
 }
 
-pub async fn download(Extension(sb): Sandbox, headers: HeaderMap, RawQuery(raw): RawQuery) -> ApiResult<Response> {
+pub async fn download(
+    Extension(sb): Sandbox,
+    who: Who,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<Response> {
     let q = Query::parse(raw.as_deref());
     let path = q.required("path")?.to_string();
     let mut client = agent(&sb)?;
-    let info = client.stat(PathsRequest { paths: vec![path.clone()] }).await?.into_inner().files;
+    let info = client.stat(request(PathsRequest { paths: vec![path.clone()] }, &who)).await?.into_inner().files;
     let size = info.first().map(|f| f.size).unwrap_or(0);
     if info.first().is_some_and(|f| f.r#type == "directory") {
         return Err(ApiError::bad_request(format!("{path} is a directory")));
@@ -234,7 +245,7 @@ pub async fn download(Extension(sb): Sandbox, headers: HeaderMap, RawQuery(raw):
     let stream = if len == 0 {
         None
     } else {
-        Some(client.download(DownloadRequest { path, offset: start, limit: len }).await?.into_inner())
+        Some(client.download(request(DownloadRequest { path, offset: start, limit: len }, &who)).await?.into_inner())
     };
     let body = match stream {
         None => Body::empty(),
@@ -256,8 +267,8 @@ pub async fn download(Extension(sb): Sandbox, headers: HeaderMap, RawQuery(raw):
     Ok(resp)
 }
 
-pub async fn remove(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<StatusCode> {
-    agent(&sb)?.remove_files(PathsRequest { paths: paths(&raw)? }).await?;
+pub async fn remove(Extension(sb): Sandbox, who: Who, RawQuery(raw): RawQuery) -> ApiResult<StatusCode> {
+    agent(&sb)?.remove_files(request(PathsRequest { paths: paths(&raw)? }, &who)).await?;
     Ok(StatusCode::OK)
 }
 
@@ -267,23 +278,23 @@ struct Mv {
     dest: String,
 }
 
-pub async fn rename(Extension(sb): Sandbox, body: Bytes) -> ApiResult<StatusCode> {
+pub async fn rename(Extension(sb): Sandbox, who: Who, body: Bytes) -> ApiResult<StatusCode> {
     let moves: Vec<Mv> = parse_json(&body)?;
     let moves = moves.into_iter().map(|m| MovePair { src: m.src, dest: m.dest }).collect();
-    agent(&sb)?.r#move(MoveRequest { moves }).await?;
+    agent(&sb)?.r#move(request(MoveRequest { moves }, &who)).await?;
     Ok(StatusCode::OK)
 }
 
-pub async fn permissions(Extension(sb): Sandbox, body: Bytes) -> ApiResult<StatusCode> {
-    agent(&sb)?.set_permissions(PermissionsRequest { entries: perms_map(&body)? }).await?;
+pub async fn permissions(Extension(sb): Sandbox, who: Who, body: Bytes) -> ApiResult<StatusCode> {
+    agent(&sb)?.set_permissions(request(PermissionsRequest { entries: perms_map(&body)? }, &who)).await?;
     Ok(StatusCode::OK)
 }
 
-pub async fn search(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
+pub async fn search(Extension(sb): Sandbox, who: Who, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
     let q = Query::parse(raw.as_deref());
     let req =
         SearchRequest { path: q.required("path")?.to_string(), pattern: q.one("pattern").unwrap_or("").to_string() };
-    Ok(file_list(&agent(&sb)?.search(req).await?.into_inner().files))
+    Ok(file_list(&agent(&sb)?.search(request(req, &who)).await?.into_inner().files))
 }
 
 #[derive(Debug, Deserialize)]
@@ -292,11 +303,11 @@ struct Repl {
     new: String,
 }
 
-pub async fn replace(Extension(sb): Sandbox, RawQuery(raw): RawQuery, body: Bytes) -> ApiResult<Response> {
+pub async fn replace(Extension(sb): Sandbox, who: Who, RawQuery(raw): RawQuery, body: Bytes) -> ApiResult<Response> {
     let verbose = Query::parse(raw.as_deref()).flag("verbose");
     let m: BTreeMap<String, Repl> = parse_json(&body)?;
     let entries = m.into_iter().map(|(path, r)| ReplaceEntry { path, old: r.old, new: r.new }).collect();
-    let counts = agent(&sb)?.replace(ReplaceRequest { entries }).await?.into_inner().counts;
+    let counts = agent(&sb)?.replace(request(ReplaceRequest { entries }, &who)).await?.into_inner().counts;
     if !verbose {
         return Ok(StatusCode::OK.into_response());
     }
@@ -307,19 +318,19 @@ pub async fn replace(Extension(sb): Sandbox, RawQuery(raw): RawQuery, body: Byte
     Ok(Json(Value::Object(out)).into_response())
 }
 
-pub async fn list_dir(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
+pub async fn list_dir(Extension(sb): Sandbox, who: Who, RawQuery(raw): RawQuery) -> ApiResult<Json<Value>> {
     let q = Query::parse(raw.as_deref());
     let req = ListDirRequest { path: q.required("path")?.to_string(), depth: q.number("depth")?.unwrap_or(1) };
-    Ok(file_list(&agent(&sb)?.list_dir(req).await?.into_inner().files))
+    Ok(file_list(&agent(&sb)?.list_dir(request(req, &who)).await?.into_inner().files))
 }
 
-pub async fn make_dirs(Extension(sb): Sandbox, body: Bytes) -> ApiResult<StatusCode> {
-    agent(&sb)?.make_dirs(PermissionsRequest { entries: perms_map(&body)? }).await?;
+pub async fn make_dirs(Extension(sb): Sandbox, who: Who, body: Bytes) -> ApiResult<StatusCode> {
+    agent(&sb)?.make_dirs(request(PermissionsRequest { entries: perms_map(&body)? }, &who)).await?;
     Ok(StatusCode::OK)
 }
 
-pub async fn remove_dirs(Extension(sb): Sandbox, RawQuery(raw): RawQuery) -> ApiResult<StatusCode> {
-    agent(&sb)?.remove_dirs(PathsRequest { paths: paths(&raw)? }).await?;
+pub async fn remove_dirs(Extension(sb): Sandbox, who: Who, RawQuery(raw): RawQuery) -> ApiResult<StatusCode> {
+    agent(&sb)?.remove_dirs(request(PathsRequest { paths: paths(&raw)? }, &who)).await?;
     Ok(StatusCode::OK)
 }
 

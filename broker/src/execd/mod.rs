@@ -8,6 +8,8 @@
 pub mod command;
 pub mod fileinfo;
 pub mod files;
+pub mod identity;
+pub mod isolated;
 pub mod metrics;
 pub mod proxy;
 pub mod session;
@@ -54,16 +56,10 @@ async fn ping(Extension(sb): Sandbox) -> ApiResult<StatusCode> {
     Ok(StatusCode::OK)
 }
 
-/// The execd API of one sandbox (the sandbox arrives as an extension).
-fn execd_router() -> Router {
+/// `/files` and `/directories`, served as the agent or (under
+/// `/v1/filesystem/{uid}/{gid}`, [`identity`]) as another user.
+fn file_routes() -> Router {
     Router::new()
-        .route("/ping", get(ping))
-        .route("/command", post(command::run).delete(command::interrupt))
-        .route("/command/status/{cid}", get(command::status))
-        .route("/command/{cid}/logs", get(command::logs))
-        .route("/session", post(session::create))
-        .route("/session/{sid}/run", post(session::run))
-        .route("/session/{sid}", delete(session::delete))
         .route("/files/info", get(files::info))
         .route("/files/upload", post(files::upload).layer(axum::extract::DefaultBodyLimit::disable()))
         .route("/files/download", get(files::download))
@@ -74,6 +70,21 @@ fn execd_router() -> Router {
         .route("/files/replace", post(files::replace))
         .route("/directories/list", get(files::list_dir))
         .route("/directories", post(files::make_dirs).delete(files::remove_dirs))
+}
+
+/// The execd API of one sandbox (the sandbox arrives as an extension).
+fn execd_router() -> Router {
+    Router::new()
+        .route("/ping", get(ping))
+        .route("/command", post(command::run).delete(command::interrupt))
+        .route("/command/status/{cid}", get(command::status))
+        .route("/command/{cid}/logs", get(command::logs))
+        .route("/session", post(session::create))
+        .route("/session/{sid}/run", post(session::run))
+        .route("/session/{sid}", delete(session::delete))
+        .merge(file_routes())
+        .merge(identity::routes(file_routes()))
+        .merge(isolated::routes())
         .route("/metrics", get(metrics::get))
         .route("/metrics/watch", get(metrics::watch))
         .route("/code", any(not_supported))

@@ -2,6 +2,7 @@
 //! worker, tearing one down and expiring them.
 pub mod backend;
 pub mod egress;
+pub mod events;
 pub mod expiry;
 pub mod images;
 pub mod launch;

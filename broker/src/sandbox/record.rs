@@ -1,5 +1,6 @@
 //! One sandbox's record: immutable facts, mutable status, and the live
 //! runtime handles (gone once torn down).
+use super::events::{EventKind, EventLog};
 use crate::api::error::ApiError;
 use chrono::{DateTime, SecondsFormat, Utc};
 use pvisor_net::policy::Policy;
@@ -75,6 +76,8 @@ pub struct SandboxEntry {
     /// it; the lock is held across a push to the worker, so edits, pause and
     /// resume apply in one order (see [`super::egress`]).
     pub egress: tokio::sync::Mutex<Option<Policy>>,
+    /// Lifecycle events for the diagnostics API.
+    pub events: EventLog,
 }
 
 impl SandboxEntry {
@@ -100,6 +103,8 @@ impl SandboxEntry {
         runtime: Runtime,
     ) -> Self {
         let now = Utc::now();
+        let events = EventLog::default();
+        events.push(EventKind::Created, None);
         SandboxEntry {
             id,
             token,
@@ -118,6 +123,7 @@ impl SandboxEntry {
             runtime: Mutex::new(Some(runtime)),
             deleting: AtomicBool::new(false),
             egress: tokio::sync::Mutex::new(None),
+            events,
         }
     }
 
@@ -126,6 +132,10 @@ impl SandboxEntry {
     }
 
     pub fn set_state(&self, state: State, reason: Option<String>, message: Option<String>) {
+        if state == State::Failed {
+            let detail = [reason.as_deref(), message.as_deref()].into_iter().flatten().collect::<Vec<_>>().join(": ");
+            self.events.push(EventKind::Failed, Some(detail).filter(|d| !d.is_empty()));
+        }
         let mut s = self.status();
         s.state = state;
         s.reason = reason;
@@ -140,6 +150,9 @@ impl SandboxEntry {
         if s.state == State::Failed || self.is_deleting() {
             return false;
         }
+        if s.state != to {
+            self.events.push(if to == State::Paused { EventKind::Paused } else { EventKind::Resumed }, None);
+        }
         s.state = to;
         s.reason = None;
         s.message = None;
@@ -148,7 +161,9 @@ impl SandboxEntry {
     }
 
     pub fn mark_deleting(&self) {
-        self.deleting.store(true, Ordering::SeqCst);
+        if !self.deleting.swap(true, Ordering::SeqCst) {
+            self.events.push(EventKind::Terminating, None);
+        }
     }
 
     pub fn is_deleting(&self) -> bool {
@@ -157,6 +172,11 @@ impl SandboxEntry {
 
     pub fn take_runtime(&self) -> Option<Runtime> {
         self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// The worker's log file, while the sandbox is live.
+    pub fn worker_log(&self) -> Option<PathBuf> {
+        self.runtime.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|r| r.log.clone())
     }
 
     /// The gRPC channel to the worker, if the sandbox is live.
