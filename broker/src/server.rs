@@ -46,6 +46,8 @@ pub struct Ctx {
     pub vm: Result<VmAssets, String>,
     /// Networking: the default egress, upstream resolvers, the deny list.
     pub net: NetSettings,
+    /// Snapshot records (`<data>/snapshots`).
+    pub snapshots: crate::snapshot::store::SnapshotStore,
 }
 
 impl Ctx {
@@ -295,6 +297,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
             kind
         }
     };
+    let snapshots = crate::snapshot::open_store(&o.data_dir, &images)?;
     Ok(Ctx {
         listen: o.listen,
         data_dir: o.data_dir,
@@ -316,6 +319,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         default_backend,
         vm,
         net,
+        snapshots,
     })
 }
 

@@ -3,6 +3,7 @@ pub mod client;
 pub mod doctor;
 pub mod exec;
 pub mod image;
+pub mod snapshot;
 
 use client::Client;
 

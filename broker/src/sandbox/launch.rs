@@ -28,6 +28,8 @@ pub struct LaunchSpec {
     pub agent: AgentConfig,
     /// `WorkerConfig.net`: the network, or `None` for loopback only.
     pub net: Option<pvisor_proto::net::NetConfig>,
+    /// ns: keep `/tmp` in the root file system (a restored snapshot's).
+    pub tmp_on_root: bool,
 }
 
 /// The limits of the sandbox's whole group. A vm's guest RAM is the memory
@@ -50,6 +52,7 @@ fn backend_config(ctx: &Ctx, spec: &LaunchSpec, state_dir: &Path) -> Result<Back
             state_dir: state_dir.to_string_lossy().into_owned(),
             ids: Some(ctx.ids.into()),
             agent_path: ctx.agent_bin.to_string_lossy().into_owned(),
+            tmp_on_root: spec.tmp_on_root,
         })),
         RootFs::Disk(disk) => {
             let vm = ctx.vm.as_ref().map_err(|e| format!("the vm backend is not available on this server: {e}"))?;

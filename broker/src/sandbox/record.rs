@@ -73,6 +73,8 @@ pub struct SandboxEntry {
     /// it; the lock is held across a push to the worker, so edits, pause and
     /// resume apply in one order (see [`super::egress`]).
     pub egress: tokio::sync::Mutex<Option<Policy>>,
+    /// What snapshots need to know of it (backend, env, its own snapshot).
+    pub origin: crate::snapshot::Origin,
 }
 
 impl SandboxEntry {
@@ -80,6 +82,18 @@ impl SandboxEntry {
     pub fn with_image_id(mut self, image_id: String) -> Self {
         self.image_id = image_id;
         self
+    }
+
+    /// Records what a snapshot of the sandbox needs (see [`crate::snapshot`]).
+    pub fn with_origin(mut self, origin: crate::snapshot::Origin) -> Self {
+        self.origin = origin;
+        self
+    }
+
+    /// The live sandbox's state dir and cgroup (for a snapshot's capture).
+    pub fn runtime_dirs(&self) -> Option<(PathBuf, Option<GroupPaths>)> {
+        let rt = self.runtime.lock().unwrap_or_else(|e| e.into_inner());
+        rt.as_ref().map(|r| (r.state_dir.clone(), r.cgroup.clone()))
     }
 
     /// Records the sandbox's egress policy (`None`: no network).
@@ -116,6 +130,7 @@ impl SandboxEntry {
             runtime: Mutex::new(Some(runtime)),
             deleting: AtomicBool::new(false),
             egress: tokio::sync::Mutex::new(None),
+            origin: Default::default(),
         }
     }
 

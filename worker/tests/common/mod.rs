@@ -109,6 +109,7 @@ pub async fn start(env: &Env, spec: Spec) -> Worker {
             state_dir: dir.path().join("state").to_string_lossy().into_owned(),
             ids: Some(ids.into()),
             agent_path: env.agent.to_string_lossy().into_owned(),
+            tmp_on_root: false,
         })),
         net: spec.net,
     };
