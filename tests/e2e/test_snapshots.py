@@ -213,7 +213,9 @@ def test_snapshot_survives_a_broker_restart(own_server):
             wait_ready(m, info.id)
         f.created.clear()  # the restart ends them
         own_server.stop()
-        own_server.start()
+        own_server.start()  # on a new port
+        conn = _make_conn(own_server.addr)
+        f.conn = conn
         with SandboxManagerSync.create(connection_config=conn) as m:
             got = m.get_snapshot(info.id)
             assert got.status.state == "Ready" and got.name == "restart"

@@ -28,6 +28,7 @@ use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::{self, BufWriter, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use tar::{EntryType, Header};
 
@@ -172,6 +173,19 @@ impl<W: io::Write> Walker<W> {
         Ok(())
     }
 
+    /// A symlink or hardlink entry with its target byte for byte (the tar
+    /// crate's path handling would normalize it: `/` would become `//`,
+    /// `a/./b` `a/b`); targets over 100 bytes go in a PAX `linkpath`.
+    fn append_link(&mut self, mut h: Header, path: &str, target: &[u8]) -> Result<(), CaptureError> {
+        if target.len() <= 100 {
+            h.set_link_name_literal(target)?;
+        } else {
+            self.out.append_pax_extensions([("linkpath", target)])?;
+        }
+        self.out.append_data(&mut h, path, io::empty())?;
+        Ok(())
+    }
+
     fn whiteout(&mut self, parent: &str, name: &str, st: &FileStat) -> Result<(), CaptureError> {
         let mut h = self.header(EntryType::Regular, st, (0, 0));
         h.set_mode(0o600);
@@ -244,9 +258,8 @@ impl<W: io::Write> Walker<W> {
             SFlag::S_IFREG => self.file(dir, cname, name, parent, path, &st, ids),
             SFlag::S_IFLNK => {
                 let target = readlinkat(Some(dir.as_raw_fd()), cname).map_err(sys("readlink", path))?;
-                let mut h = self.header(EntryType::Symlink, &st, ids);
-                self.out.append_link(&mut h, path, Path::new(&target))?;
-                Ok(())
+                let h = self.header(EntryType::Symlink, &st, ids);
+                self.append_link(h, path, target.as_bytes())
             }
             SFlag::S_IFIFO => {
                 let mut h = self.header(EntryType::Fifo, &st, ids);
@@ -282,10 +295,9 @@ impl<W: io::Write> Walker<W> {
         if st.st_nlink > 1 {
             let key = (st.st_dev, st.st_ino);
             if let Some(first) = self.links.get(&key) {
-                let mut h = self.header(EntryType::Link, st, ids);
+                let h = self.header(EntryType::Link, st, ids);
                 let first = first.clone();
-                self.out.append_link(&mut h, path, Path::new(&first))?;
-                return Ok(());
+                return self.append_link(h, path, first.as_bytes());
             }
             self.links.insert(key, path.to_owned());
         }
