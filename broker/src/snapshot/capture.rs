@@ -156,7 +156,7 @@ impl<W: io::Write> Walker<W> {
     fn header(&self, kind: EntryType, st: &FileStat, ids: (u64, u64)) -> Header {
         let mut h = Header::new_gnu();
         h.set_entry_type(kind);
-        h.set_mode((st.st_mode & 0o7777) as u32);
+        h.set_mode(st.st_mode & 0o7777);
         h.set_uid(ids.0);
         h.set_gid(ids.1);
         h.set_mtime(st.st_mtime.max(0) as u64);
