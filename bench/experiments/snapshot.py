@@ -49,7 +49,7 @@ def create(svc, **kw) -> tuple[SandboxSync, float]:
 def frozen_ms(svc: PvisorService, sid: str) -> float | None:
     text = svc.log.read_text(errors="replace")
     m = None
-    for line in text.splitlines():
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines():
         if sid in line and "captured" in line:
             m = re.search(r"frozen_ms=(\d+)", line)
     return float(m.group(1)) if m else None
@@ -84,7 +84,8 @@ def run(args) -> dict:
     res = {"experiment": "snapshot", "seed": args.seed, "resource": RESOURCE, "mib": args.snapshot_mib}
     try:
         pvisor = snapshot_binaries(work)
-        svc = PvisorService(work / "svc", [IMAGE], pvisor=pvisor)
+        # No network (snapshot_binaries does not copy pvisor-netd; a snapshot does not capture it).
+        svc = PvisorService(work / "svc", [IMAGE], pvisor=pvisor, serve_args=["--default-egress", "none"])
         svc.start()
         try:
             rounds = []
