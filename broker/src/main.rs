@@ -4,6 +4,7 @@ mod cli;
 mod execd;
 mod sandbox;
 mod server;
+mod snapshot;
 mod volumes;
 
 use clap::{Parser, Subcommand};
@@ -111,7 +112,33 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Manage snapshots (of the running daemon).
+    Snapshot {
+        #[command(subcommand)]
+        cmd: SnapshotCmd,
+    },
     /// Delete sandboxes.
+    Rm {
+        #[command(flatten)]
+        server: ServerArg,
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotCmd {
+    /// List snapshots, newest first.
+    Ls {
+        #[command(flatten)]
+        server: ServerArg,
+        /// Only the snapshots of this sandbox.
+        #[arg(long)]
+        sandbox: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete snapshots (sandboxes restored from them keep running).
     Rm {
         #[command(flatten)]
         server: ServerArg,
@@ -275,6 +302,12 @@ async fn run(cli: Cli) -> Result<i32, String> {
         Cmd::Ps(s) => cli::ps(&cli::client::Client::new(&s.server)).await?,
         Cmd::Exec { server, id, command } => {
             return cli::exec::exec(&cli::client::Client::new(&server.server), &id, &command).await
+        }
+        Cmd::Snapshot { cmd: SnapshotCmd::Ls { server, sandbox, json } } => {
+            cli::snapshot::ls(&cli::client::Client::new(&server.server), sandbox.as_deref(), json).await?
+        }
+        Cmd::Snapshot { cmd: SnapshotCmd::Rm { server, ids } } => {
+            cli::snapshot::rm(&cli::client::Client::new(&server.server), &ids).await?
         }
         Cmd::Rm { server, ids } => cli::rm(&cli::client::Client::new(&server.server), &ids).await?,
     }

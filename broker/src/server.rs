@@ -48,6 +48,8 @@ pub struct Ctx {
     pub net: NetSettings,
     /// Host-path allowlist and the named-volume store.
     pub volumes: crate::volumes::Settings,
+    /// Snapshot records (`<data>/snapshots`).
+    pub snapshots: crate::snapshot::store::SnapshotStore,
 }
 
 impl Ctx {
@@ -300,6 +302,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
             kind
         }
     };
+    let snapshots = crate::snapshot::open_store(&o.data_dir, &images)?;
     Ok(Ctx {
         listen: o.listen,
         data_dir: o.data_dir,
@@ -322,6 +325,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         vm,
         net,
         volumes,
+        snapshots,
     })
 }
 

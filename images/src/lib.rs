@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{Error, Result};
 pub use pool::view::ImageView;
-pub use pool::{DuReport, GcReport, ImportEvent, ImportStats, Pool, PullProgress};
+pub use pool::{DerivedImage, DuReport, GcReport, ImportEvent, ImportStats, Pool, PullProgress};
 pub use reference::normalize_name;
 
 /// Uid/gid shift used by [`Pool::open`] when running as root.

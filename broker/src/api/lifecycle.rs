@@ -4,6 +4,7 @@ use super::error::{parse_json, ApiError, ApiResult};
 use super::limits;
 use super::models::*;
 use super::query::Query;
+use super::snapshots;
 use crate::sandbox::backend;
 use crate::sandbox::egress::with_policy_locked;
 use crate::sandbox::launch::{self, LaunchSpec};
@@ -11,6 +12,7 @@ use crate::sandbox::record::rfc3339;
 use crate::sandbox::teardown::teardown;
 use crate::sandbox::{SandboxEntry, State as SbState};
 use crate::server::Ctx;
+use crate::snapshot::Origin;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -55,7 +57,8 @@ pub fn view(e: &SandboxEntry) -> SandboxView {
     let s = e.status();
     SandboxView {
         id: e.id.clone(),
-        image: ImageRef { uri: e.image_uri.clone() },
+        image: e.origin.snapshot_id.is_none().then(|| ImageRef { uri: e.image_uri.clone() }),
+        snapshot_id: e.origin.snapshot_id.clone(),
         status,
         entrypoint: e.entrypoint.clone(),
         created_at: rfc3339(&e.created_at),
@@ -132,9 +135,6 @@ async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pvisor_im
 
 pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Response> {
     let req: CreateSandboxRequest = parse_json(&body)?;
-    if req.snapshot_id.is_some() {
-        return Err(unsupported_field("snapshotId"));
-    }
     if req.template_id.is_some() {
         return Err(unsupported_field("templateId"));
     }
@@ -150,8 +150,13 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     if req.lifecycle.is_some() {
         return Err(unsupported_field("lifecycle"));
     }
-    let image = req.image.as_ref().ok_or_else(|| ApiError::bad_request("image is required"))?;
-    if image.uri.trim().is_empty() {
+    // A restore (`snapshotId`) names no image; `snapshots::restore_source` checks the pair.
+    let image = match (&req.image, &req.snapshot_id) {
+        (_, Some(_)) => None,
+        (Some(i), None) => Some(i),
+        (None, None) => return Err(ApiError::bad_request("image is required")),
+    };
+    if image.is_some_and(|i| i.uri.trim().is_empty()) {
         return Err(ApiError::bad_request("image.uri must not be empty"));
     }
     if let Some(ep) = &req.entrypoint {
@@ -182,16 +187,33 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         return Err(crate::volumes::VolumeError::BackendCannotMount("vm").into());
     }
     backend::check_limits(backend, &limits)?;
-    let record = resolve_image(&ctx, image).await?;
+    let restore = match &req.snapshot_id {
+        Some(sid) => Some(snapshots::restore_source(&ctx, sid, req.image.is_some(), backend)?),
+        None => None,
+    };
+    let (record, image_uri) = match (&restore, image) {
+        (Some(r), _) => (r.image.clone(), r.source_image.clone()),
+        (None, Some(image)) => (resolve_image(&ctx, image).await?, image.uri.clone()),
+        (None, None) => return Err(ApiError::bad_request("image is required")),
+    };
     let cfg = &record.config;
     let entrypoint = match &req.entrypoint {
         Some(ep) => ep.clone(),
+        None if restore.is_some() => snapshots::RESTORE_ENTRYPOINT.iter().map(|s| s.to_string()).collect(),
         None => cfg.entrypoint.iter().chain(cfg.cmd.iter()).cloned().collect(),
     };
     let id = new_id();
     let mut env_list: Vec<String> = cfg.env.clone();
     env_list.push(format!("OPENSANDBOX_ID={id}"));
     env_list.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    let origin = Origin {
+        backend: Some(backend),
+        env: cfg.env.iter().cloned().chain(env.iter().map(|(k, v)| format!("{k}={v}"))).collect(),
+        working_dir: cfg.working_dir.clone(),
+        user: cfg.user.clone(),
+        snapshot_id: restore.as_ref().map(|r| r.snapshot_id.clone()),
+        tmp_on_root: restore.is_some(),
+    };
     let agent = AgentConfig {
         env: env_list,
         workdir: cfg.working_dir.clone(),
@@ -210,14 +232,23 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     let prepared = tokio::task::spawn_blocking(move || crate::volumes::prepare(&volumes, &c.volumes.store))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
-    let spec = LaunchSpec { id: id.clone(), root, limits, agent, net, volumes: prepared.mounts };
+    let spec = LaunchSpec {
+        id: id.clone(),
+        root,
+        limits,
+        agent,
+        net,
+        volumes: prepared.mounts,
+        tmp_on_root: origin.tmp_on_root,
+    };
     let (mut runtime, child) = launch::launch(&ctx, &spec).await?;
     runtime.volumes = Some(prepared.held);
     let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
     let log = runtime.log.clone();
     let entry = Arc::new(
-        SandboxEntry::new(id, new_token(), image.uri.clone(), entrypoint, expires_at, metadata, runtime)
+        SandboxEntry::new(id, new_token(), image_uri, entrypoint, expires_at, metadata, runtime)
             .with_image_id(image_id)
+            .with_origin(origin)
             .with_egress(policy),
     );
     entry.events.push(crate::sandbox::events::EventKind::Ready, None);

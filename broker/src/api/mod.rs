@@ -13,6 +13,7 @@ pub mod limits;
 pub mod models;
 pub mod query;
 pub mod request_id;
+pub mod snapshots;
 
 use crate::execd;
 use crate::server::Ctx;
@@ -55,8 +56,10 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
             "/sandboxes/{id}/networkpolicy",
             get(egress::lifecycle).put(egress::lifecycle).patch(egress::lifecycle).delete(egress::lifecycle),
         )
-        .route("/sandboxes/{id}/snapshots", any(lifecycle::unsupported))
-        .route("/snapshots", any(lifecycle::unsupported))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/snapshots", get(snapshots::list))
+        .route("/snapshots/{sid}", get(snapshots::get_one).delete(snapshots::delete))
+        .route("/snapshots/{sid}/{*rest}", any(snapshots::unsupported))
         .route("/templates", any(lifecycle::unsupported))
         .route("/templates/{*rest}", any(lifecycle::unsupported))
         .route("/sandboxes/{id}/diagnostics/logs", get(diagnostics::logs))

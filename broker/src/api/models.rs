@@ -70,7 +70,11 @@ pub struct ImageRef {
 #[serde(rename_all = "camelCase")]
 pub struct SandboxView {
     pub id: String,
-    pub image: ImageRef,
+    /// Absent for a sandbox restored from a snapshot (it has `snapshotId`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
     pub status: SandboxStatus,
     pub entrypoint: Vec<String>,
     pub created_at: String,

@@ -3,6 +3,7 @@ pub mod client;
 pub mod doctor;
 pub mod exec;
 pub mod image;
+pub mod snapshot;
 pub mod volume;
 
 use client::Client;

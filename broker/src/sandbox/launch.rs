@@ -30,6 +30,8 @@ pub struct LaunchSpec {
     pub net: Option<pvisor_proto::net::NetConfig>,
     /// `NsConfig.volumes` (crate::volumes::prepare).
     pub volumes: Vec<pvisor_worker::config::Volume>,
+    /// ns: keep `/tmp` in the root file system (a restored snapshot's).
+    pub tmp_on_root: bool,
 }
 
 /// The limits of the sandbox's whole group. A vm's guest RAM is the memory
@@ -53,6 +55,7 @@ fn backend_config(ctx: &Ctx, spec: &LaunchSpec, state_dir: &Path) -> Result<Back
             ids: Some(ctx.ids.into()),
             agent_path: ctx.agent_bin.to_string_lossy().into_owned(),
             volumes: spec.volumes.clone(),
+            tmp_on_root: spec.tmp_on_root,
         })),
         RootFs::Disk(disk) => {
             let vm = ctx.vm.as_ref().map_err(|e| format!("the vm backend is not available on this server: {e}"))?;

@@ -78,6 +78,8 @@ pub struct SandboxEntry {
     pub egress: tokio::sync::Mutex<Option<Policy>>,
     /// Lifecycle events for the diagnostics API.
     pub events: EventLog,
+    /// What snapshots need to know of it (backend, env, its own snapshot).
+    pub origin: crate::snapshot::Origin,
 }
 
 impl SandboxEntry {
@@ -85,6 +87,18 @@ impl SandboxEntry {
     pub fn with_image_id(mut self, image_id: String) -> Self {
         self.image_id = image_id;
         self
+    }
+
+    /// Records what a snapshot of the sandbox needs (see [`crate::snapshot`]).
+    pub fn with_origin(mut self, origin: crate::snapshot::Origin) -> Self {
+        self.origin = origin;
+        self
+    }
+
+    /// The live sandbox's state dir and cgroup (for a snapshot's capture).
+    pub fn runtime_dirs(&self) -> Option<(PathBuf, Option<GroupPaths>)> {
+        let rt = self.runtime.lock().unwrap_or_else(|e| e.into_inner());
+        rt.as_ref().map(|r| (r.state_dir.clone(), r.cgroup.clone()))
     }
 
     /// Records the sandbox's egress policy (`None`: no network).
@@ -124,6 +138,7 @@ impl SandboxEntry {
             deleting: AtomicBool::new(false),
             egress: tokio::sync::Mutex::new(None),
             events,
+            origin: Default::default(),
         }
     }
 

@@ -171,6 +171,11 @@ impl<'a> Chunker<'a> {
         Ok(())
     }
 
+    /// An extent of a chunk the pool already holds, in this index's table.
+    pub(crate) fn reuse_extent(&mut self, c: ChunkRef, offset: u32, len: u32) -> Extent {
+        Extent { chunk: self.slot(c), offset, len }
+    }
+
     fn reuse(&mut self, k: &KnownFile) -> Vec<Extent> {
         k.extents.iter().map(|&(c, offset, len)| Extent { chunk: self.slot(c), offset, len }).collect()
     }

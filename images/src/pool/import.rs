@@ -133,7 +133,7 @@ impl Pool {
     }
 
     /// Files of every image in the pool that new images can share by content.
-    fn known_files(&self) -> Result<HashMap<[u8; 32], KnownFile>> {
+    pub(super) fn known_files(&self) -> Result<HashMap<[u8; 32], KnownFile>> {
         let mut known = HashMap::new();
         for id in self.store.ids()? {
             let index = match self.index(&id) {

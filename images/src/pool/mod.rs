@@ -1,6 +1,7 @@
 //! The pool on disk: image indexes, chunk packs, the name table, locking.
 
 mod chunker;
+mod derive;
 mod gc;
 mod import;
 pub mod index;
@@ -14,6 +15,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use chunker::{ChunkStats, CHUNK_SIZE, SMALL};
+pub use derive::DerivedImage;
 pub use gc::{DuReport, GcReport, ImageUsage};
 pub use import::{ImportEvent, ImportStats};
 pub use pull::PullProgress;

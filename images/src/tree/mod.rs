@@ -8,6 +8,7 @@
 mod flatten;
 mod node;
 mod resolve;
+mod seed;
 mod touched;
 
 use std::io::{self, Read};

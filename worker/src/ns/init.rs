@@ -24,6 +24,8 @@ pub struct InitArgs {
     pub lower: PathBuf,
     pub upper: PathBuf,
     pub work: PathBuf,
+    /// See `NsConfig.tmp_on_root`.
+    pub tmp_on_root: bool,
     pub hostname: String,
     /// With a network: the init's end of the socketpair the tap's fd
     /// goes over (see super::link).
@@ -104,7 +106,13 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).map_err(|e| format!("cgroup namespace: {e}"))?;
     let fd_path = |fd: &OwnedFd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
     let (lower, upper, work) = (fd_path(&layers[0]), fd_path(&layers[1]), fd_path(&layers[2]));
-    mounts::setup(&RootfsSpec { lower: &lower, upper: &upper, work: &work, volumes: trees })?;
+    mounts::setup(&RootfsSpec {
+        lower: &lower,
+        upper: &upper,
+        work: &work,
+        volumes: trees,
+        tmp_on_root: a.tmp_on_root,
+    })?;
     super::etc::write(&super::etc::EtcFiles { hostname: &a.hostname, net: a.link_sock.is_some() })?;
     sethostname(&a.hostname).map_err(|e| format!("sethostname: {e}"))?;
     pvisor_net::iface::loopback_up().map_err(|e| format!("loopback: {e}"))?;

@@ -17,6 +17,8 @@ pub struct RootfsSpec<'a> {
     pub work: &'a Path,
     /// Attached last, so a volume under /tmp or /dev lands on those mounts.
     pub volumes: &'a [super::volumes::Detached],
+    /// No tmpfs on `/tmp`: it stays the overlay's (a restored snapshot's).
+    pub tmp_on_root: bool,
 }
 
 /// Device nodes bind-mounted from the host (a user namespace cannot mknod).
@@ -88,8 +90,10 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
         let _ = symlink(target, dev.join(name));
     }
 
-    mountpoint(&r.join("tmp"))?;
-    m(Some("tmpfs"), &r.join("tmp"), Some("tmpfs"), nsd, Some("mode=1777"))?;
+    if !s.tmp_on_root {
+        mountpoint(&r.join("tmp"))?;
+        m(Some("tmpfs"), &r.join("tmp"), Some("tmpfs"), nsd, Some("mode=1777"))?;
+    }
     // Read-only sysfs is a convenience for tools; a host that refuses it is fine.
     if mountpoint(&r.join("sys")).is_ok() {
         let _ = m(Some("sysfs"), &r.join("sys"), Some("sysfs"), nsd | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY, None);

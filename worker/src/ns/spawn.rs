@@ -136,6 +136,7 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
         lower: ns.image_root.clone().into(),
         upper,
         work,
+        tmp_on_root: ns.tmp_on_root,
         hostname: common.hostname.clone(),
         link_sock: link_theirs,
         argv: vec![cstr("pvisor-agent")?, cstr("--fd")?, cstr(&AGENT_FD.to_string())?],

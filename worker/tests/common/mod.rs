@@ -132,6 +132,7 @@ pub async fn start(env: &Env, spec: Spec) -> Worker {
             ids: Some(ids.into()),
             agent_path: env.agent.to_string_lossy().into_owned(),
             volumes: vec![],
+            tmp_on_root: false,
         })),
         net: spec.net,
     };

@@ -1,0 +1,247 @@
+//! The snapshot routes (`/v1/sandboxes/{id}/snapshots`, `/v1/snapshots...`)
+//! and the restore half of a create (`snapshotId`). The work itself is in
+//! [`crate::snapshot`].
+use super::error::{parse_json, ApiError, ApiResult};
+use super::models::Pagination;
+use super::query::Query;
+use crate::sandbox::State as SbState;
+use crate::server::Ctx;
+use crate::snapshot::store::{SnapState, SnapshotRecord, MESSAGE_ACCEPTED, REASON_ACCEPTED};
+use crate::snapshot::{forget_image, take};
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::Utc;
+use pvisor_worker::config::BackendKind;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// The entrypoint of a restore that names none (as the reference).
+pub const RESTORE_ENTRYPOINT: [&str; 3] = ["tail", "-f", "/dev/null"];
+
+#[derive(Debug, Default, Deserialize)]
+struct CreateSnapshotRequest {
+    #[serde(default)]
+    name: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotStatusView {
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub last_transition_at: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotView {
+    pub id: String,
+    pub sandbox_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub created_at: String,
+    pub status: SnapshotStatusView,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ListSnapshotsResponse {
+    pub items: Vec<SnapshotView>,
+    pub pagination: Pagination,
+}
+
+fn rfc3339(t: &chrono::DateTime<Utc>) -> String {
+    crate::sandbox::record::rfc3339(t)
+}
+
+pub fn view(r: &SnapshotRecord) -> SnapshotView {
+    SnapshotView {
+        id: r.id.clone(),
+        sandbox_id: r.sandbox_id.clone(),
+        name: r.name.clone(),
+        created_at: rfc3339(&r.created_at),
+        status: SnapshotStatusView {
+            state: r.state.as_str().into(),
+            reason: r.reason.clone(),
+            message: r.message.clone(),
+            last_transition_at: rfc3339(&r.last_transition_at),
+        },
+    }
+}
+
+fn not_found(sid: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "SNAPSHOT::NOT_FOUND", format!("snapshot {sid} not found"))
+}
+
+fn store_error(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(format!("snapshot records: {e}"))
+}
+
+fn new_id() -> String {
+    let b: [u8; 16] = rand::random();
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let variant = ["8", "9", "a", "b"][(b[8] >> 6) as usize];
+    format!("{}-{}-4{}-{}{}-{}", &h[0..8], &h[8..12], &h[13..16], variant, &h[17..20], &h[20..32])
+}
+
+/// `POST /v1/sandboxes/{id}/snapshots`: 202 with the record (`Creating`).
+pub async fn create(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+    let req: CreateSnapshotRequest =
+        if body.iter().all(u8::is_ascii_whitespace) { Default::default() } else { parse_json(&body)? };
+    if req.name.as_deref().is_some_and(|n| n.trim().is_empty() || n.len() > 253) {
+        return Err(ApiError::bad_request("name must be 1 to 253 characters"));
+    }
+    let sb = ctx.registry.get(&id).ok_or_else(|| ApiError::sandbox_not_found(&id))?;
+    if sb.origin.backend == Some(BackendKind::Vm) {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "SNAPSHOT::NOT_IMPLEMENTED",
+            "snapshots of vm sandboxes are not implemented yet: they need the guest's memory, which comes with \
+             vm templates (issue 13); ns sandboxes can be snapshotted",
+        ));
+    }
+    let state = sb.status().state;
+    if state != SbState::Running || sb.is_deleting() || sb.runtime_dirs().is_none() {
+        return Err(ApiError::conflict(
+            "SNAPSHOT::INVALID_SOURCE_STATE",
+            format!("sandbox {id} is {}; only a Running sandbox can be snapshotted", state.as_str()),
+        ));
+    }
+    let now = Utc::now();
+    let rec = SnapshotRecord {
+        id: new_id(),
+        sandbox_id: id.clone(),
+        name: req.name,
+        created_at: now,
+        state: SnapState::Creating,
+        reason: Some(REASON_ACCEPTED.into()),
+        message: Some(MESSAGE_ACCEPTED.into()),
+        last_transition_at: now,
+        source_image: sb.image_uri.clone(),
+        image_id: None,
+        backend: "ns".into(),
+    };
+    ctx.snapshots.insert(rec.clone()).map_err(store_error)?;
+    tracing::info!(snapshot = %rec.id, sandbox = %id, "snapshot accepted");
+    take::spawn(ctx.clone(), sb, rec.clone());
+    let location = format!("/v1/snapshots/{}", rec.id);
+    Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(view(&rec))).into_response())
+}
+
+/// `GET /v1/snapshots`: filters `sandboxId`, `name`, `state` (repeatable,
+/// ORed), paging as the sandbox list; newest first.
+pub async fn list(State(ctx): State<Arc<Ctx>>, RawQuery(raw): RawQuery) -> ApiResult<Json<ListSnapshotsResponse>> {
+    let q = Query::parse(raw.as_deref());
+    let states: Vec<String> = q.all("state").iter().map(|s| s.to_ascii_lowercase()).collect();
+    let sandbox: Vec<String> = q.all("sandboxId");
+    let name: Vec<String> = q.all("name");
+    let page: u64 = q.number("page")?.unwrap_or(1);
+    let page_size: u64 = q.number("pageSize")?.unwrap_or(20);
+    if page < 1 {
+        return Err(ApiError::bad_request("page must be at least 1"));
+    }
+    if !(1..=200).contains(&page_size) {
+        return Err(ApiError::bad_request("pageSize must be between 1 and 200"));
+    }
+    let items: Vec<SnapshotRecord> = ctx
+        .snapshots
+        .list()
+        .into_iter()
+        .filter(|r| states.is_empty() || states.contains(&r.state.as_str().to_ascii_lowercase()))
+        .filter(|r| sandbox.is_empty() || sandbox.contains(&r.sandbox_id))
+        .filter(|r| name.is_empty() || r.name.as_ref().is_some_and(|n| name.contains(n)))
+        .collect();
+    let total = items.len() as u64;
+    let total_pages = total.div_ceil(page_size);
+    let items = items.iter().skip(((page - 1) * page_size) as usize).take(page_size as usize).map(view).collect();
+    Ok(Json(ListSnapshotsResponse {
+        items,
+        pagination: Pagination { page, page_size, total_items: total, total_pages, has_next_page: page < total_pages },
+    }))
+}
+
+/// `GET /v1/snapshots/{sid}`.
+pub async fn get_one(State(ctx): State<Arc<Ctx>>, Path(sid): Path<String>) -> ApiResult<Json<SnapshotView>> {
+    ctx.snapshots.get(&sid).map(|r| Json(view(&r))).ok_or_else(|| not_found(&sid))
+}
+
+/// `DELETE /v1/snapshots/{sid}`: 204, synchronous (the next GET is 404).
+/// A restore running from it keeps working: its image server holds the
+/// image's index and packs open, and gc never takes what readers hold.
+pub async fn delete(State(ctx): State<Arc<Ctx>>, Path(sid): Path<String>) -> ApiResult<StatusCode> {
+    let marked = ctx
+        .snapshots
+        .begin_delete(&sid, |r| match r.state {
+            SnapState::Creating | SnapState::Deleting => Err(ApiError::conflict(
+                "SNAPSHOT::INVALID_STATE",
+                format!("snapshot {sid} is {}; wait until it is Ready or Failed", r.state.as_str()),
+            )),
+            _ => Ok(()),
+        })
+        .map_err(store_error)?;
+    let rec = marked.ok_or_else(|| not_found(&sid))??;
+    let c = ctx.clone();
+    tokio::task::spawn_blocking(move || forget_image(&c.images, &rec))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    ctx.snapshots.remove::<ApiError>(&sid, |_| Ok(())).map_err(store_error)?;
+    tracing::info!(snapshot = %sid, "snapshot deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Any other route under `/v1/snapshots/{sid}/...`.
+pub async fn unsupported() -> ApiError {
+    ApiError::new(StatusCode::NOT_IMPLEMENTED, "NOT_SUPPORTED", "this snapshot route is not supported by this server")
+}
+
+/// What a create with `snapshotId` starts from.
+pub struct Restore {
+    pub snapshot_id: String,
+    pub image: pvisor_images::ImageRecord,
+    /// The image the snapshot's source sandbox was created from.
+    pub source_image: String,
+}
+
+/// Checks a restore request: the snapshot exists and is Ready, no image is
+/// named besides it, and the backend can run it (ns).
+pub fn restore_source(ctx: &Ctx, sid: &str, has_image: bool, backend: BackendKind) -> ApiResult<Restore> {
+    if has_image {
+        return Err(ApiError::bad_request("exactly one of image and snapshotId may be given"));
+    }
+    let rec = ctx.snapshots.get(sid).ok_or_else(|| not_found(sid))?;
+    if rec.state != SnapState::Ready {
+        return Err(ApiError::conflict(
+            "SNAPSHOT::NOT_READY",
+            format!("snapshot {sid} is {}, not Ready", rec.state.as_str()),
+        ));
+    }
+    if backend != BackendKind::Ns {
+        return Err(ApiError::conflict(
+            "SNAPSHOT::INVALID_RESTORE_CONFIG",
+            format!("snapshot {sid} is of an ns sandbox; it cannot be restored on the {} backend", backend.name()),
+        ));
+    }
+    let image_id = rec.image_id.as_deref().ok_or_else(|| ApiError::internal("a Ready snapshot has no image"))?;
+    let image = ctx.images.resolve(image_id).map_err(|e| {
+        ApiError::new(StatusCode::NOT_FOUND, "SNAPSHOT::NOT_FOUND", format!("snapshot {sid}'s image: {e}"))
+    })?;
+    Ok(Restore { snapshot_id: sid.to_owned(), image, source_image: rec.source_image })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_uuid4() {
+        let id = new_id();
+        assert_eq!(id.len(), 36);
+        assert_eq!(&id[14..15], "4");
+        assert!("89ab".contains(&id[19..20]));
+    }
+}

@@ -1,0 +1,60 @@
+//! Snapshots of sandboxes (OpenSandbox's "Snapshots" API).
+//!
+//! An ns snapshot is a new image in the pool: the sandbox's image plus one
+//! layer holding its writable state (overlay upper and `/tmp`, captured
+//! while the sandbox is frozen, [`capture`]), with the sandbox's environment
+//! in its config. A restore is an ordinary create of that image, so restores
+//! are independent copies and a snapshot outlives its source. The records
+//! live in `<data>/snapshots/` ([`store`]); [`take`] runs a capture.
+//!
+//! vm sandboxes are refused (501 `SNAPSHOT::NOT_IMPLEMENTED`): their state
+//! includes guest memory, which comes with the vm templates (issue 13).
+pub mod capture;
+pub mod store;
+pub mod take;
+
+use pvisor_worker::config::BackendKind;
+use store::{SnapshotRecord, SnapshotStore};
+
+/// What a snapshot needs to know of a sandbox, fixed at its create.
+#[derive(Clone, Debug, Default)]
+pub struct Origin {
+    /// The sandbox's backend (None only for records made before this existed).
+    pub backend: Option<BackendKind>,
+    /// Environment of the sandbox's processes (`K=V`), its own id left out.
+    pub env: Vec<String>,
+    pub working_dir: String,
+    pub user: String,
+    /// The snapshot it was restored from.
+    pub snapshot_id: Option<String>,
+    /// ns: `/tmp` is in the root file system (restored), not a tmpfs.
+    pub tmp_on_root: bool,
+}
+
+/// The pool name of a snapshot's image.
+pub fn image_name(snapshot_id: &str) -> String {
+    format!("pvisor-snapshots:{snapshot_id}")
+}
+
+/// Opens the records under `<data>/snapshots` and drops from the pool what
+/// captures interrupted by a previous broker left there.
+pub fn open_store(data_dir: &std::path::Path, pool: &pvisor_images::Pool) -> Result<SnapshotStore, String> {
+    let (store, interrupted) = SnapshotStore::open(&data_dir.join("snapshots")).map_err(|e| e.to_string())?;
+    for rec in interrupted {
+        forget_image(pool, &rec);
+    }
+    Ok(store)
+}
+
+/// Removes a snapshot's image from the pool (chunks stay until gc; running
+/// restores keep reading theirs: image servers hold their packs open).
+pub fn forget_image(pool: &pvisor_images::Pool, rec: &SnapshotRecord) {
+    let r = match &rec.image_id {
+        Some(id) => pool.remove(id),
+        None => pool.remove(&image_name(&rec.id)),
+    };
+    match r {
+        Ok(()) | Err(pvisor_images::Error::NotFound(_)) => {}
+        Err(e) => tracing::warn!(snapshot = %rec.id, "removing the snapshot's image: {e}"),
+    }
+}
