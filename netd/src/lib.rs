@@ -30,6 +30,7 @@ pub mod limits;
 pub mod link;
 pub mod names;
 pub mod ping;
+pub mod slots;
 pub mod stack;
 pub mod tcp;
 pub mod udp;

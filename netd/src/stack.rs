@@ -663,7 +663,7 @@ impl Stack {
 
     fn housekeeping(&mut self, now: Instant) -> Result<(), Error> {
         self.housekeeping_at = now + HOUSEKEEPING;
-        for slot in self.udp.idle(now) {
+        for slot in udp::idle(&self.udp, now) {
             if let Some(mut f) = self.udp.remove(slot) {
                 let _ = self.poll.registry().deregister(&mut f.sock);
             }

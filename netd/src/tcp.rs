@@ -2,7 +2,6 @@
 //! spliced to the host stream with bounded buffers (smoltcp's windows: a slow
 //! reader on either side closes the other side's window, nothing queues
 //! beyond them). Half-closes and resets go both ways.
-use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddrV4};
 use std::os::fd::AsRawFd;
@@ -196,56 +195,11 @@ fn reset_on_close(stream: &TcpStream) {
 }
 
 /// The flow table: slots (mio tokens index them) and a map by key.
-#[derive(Default)]
-pub struct Flows {
-    slots: Vec<Option<Flow>>,
-    free: Vec<usize>,
-    by_key: HashMap<Key, usize>,
-}
+pub type Flows = crate::slots::Slots<Flow>;
 
-impl Flows {
-    pub fn len(&self) -> usize {
-        self.by_key.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
-    }
-
-    pub fn find(&self, key: &Key) -> Option<usize> {
-        self.by_key.get(key).copied()
-    }
-
-    pub fn get_mut(&mut self, slot: usize) -> Option<&mut Flow> {
-        self.slots.get_mut(slot).and_then(Option::as_mut)
-    }
-
-    /// The slot the next insert will take.
-    pub fn next_slot(&self) -> usize {
-        self.free.last().copied().unwrap_or(self.slots.len())
-    }
-
-    pub fn insert(&mut self, flow: Flow) -> usize {
-        let slot = match self.free.pop() {
-            Some(s) => s,
-            None => {
-                self.slots.push(None);
-                self.slots.len() - 1
-            }
-        };
-        self.by_key.insert(flow.key, slot);
-        self.slots[slot] = Some(flow);
-        slot
-    }
-
-    pub fn remove(&mut self, slot: usize) -> Option<Flow> {
-        let flow = self.slots.get_mut(slot)?.take()?;
-        self.by_key.remove(&flow.key);
-        self.free.push(slot);
-        Some(flow)
-    }
-
-    pub fn slots(&self) -> std::ops::Range<usize> {
-        0..self.slots.len()
+impl crate::slots::Keyed for Flow {
+    type Key = Key;
+    fn key(&self) -> Key {
+        self.key
     }
 }

@@ -1,7 +1,6 @@
 //! UDP flows: one connected host socket per (sandbox port, destination),
 //! expired after 60 s without traffic. Datagrams are parsed and emitted by
 //! hand (frames.rs); smoltcp never sees UDP.
-use std::collections::HashMap;
 use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 
@@ -24,62 +23,19 @@ pub struct Flow {
     pub last: Instant,
 }
 
-#[derive(Default)]
-pub struct Flows {
-    slots: Vec<Option<Flow>>,
-    free: Vec<usize>,
-    by_key: HashMap<Key, usize>,
+/// The flow table (slots index mio tokens).
+pub type Flows = crate::slots::Slots<Flow>;
+
+impl crate::slots::Keyed for Flow {
+    type Key = Key;
+    fn key(&self) -> Key {
+        self.key
+    }
 }
 
-impl Flows {
-    pub fn len(&self) -> usize {
-        self.by_key.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
-    }
-
-    pub fn find(&self, key: &Key) -> Option<usize> {
-        self.by_key.get(key).copied()
-    }
-
-    pub fn get_mut(&mut self, slot: usize) -> Option<&mut Flow> {
-        self.slots.get_mut(slot).and_then(Option::as_mut)
-    }
-
-    pub fn next_slot(&self) -> usize {
-        self.free.last().copied().unwrap_or(self.slots.len())
-    }
-
-    pub fn insert(&mut self, flow: Flow) -> usize {
-        let slot = match self.free.pop() {
-            Some(s) => s,
-            None => {
-                self.slots.push(None);
-                self.slots.len() - 1
-            }
-        };
-        self.by_key.insert(flow.key, slot);
-        self.slots[slot] = Some(flow);
-        slot
-    }
-
-    pub fn remove(&mut self, slot: usize) -> Option<Flow> {
-        let flow = self.slots.get_mut(slot)?.take()?;
-        self.by_key.remove(&flow.key);
-        self.free.push(slot);
-        Some(flow)
-    }
-
-    /// Slots of flows idle since before `now - IDLE`.
-    pub fn idle(&self, now: Instant) -> Vec<usize> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, f)| f.as_ref().filter(|f| now.duration_since(f.last) >= IDLE).map(|_| i))
-            .collect()
-    }
+/// Slots of flows idle since before `now - IDLE`.
+pub fn idle(flows: &Flows, now: Instant) -> Vec<usize> {
+    flows.select(|f| now.duration_since(f.last) >= IDLE)
 }
 
 /// A token bucket: at most `rate` datagrams per second, bursts up to `rate`.
