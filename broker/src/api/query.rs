@@ -32,6 +32,20 @@ impl Query {
         }
     }
 
+    /// `page` (from 1, default 1) and `pageSize` (1 to 200, default 20) of a
+    /// list route, checked.
+    pub fn paging(&self) -> ApiResult<(u64, u64)> {
+        let page: u64 = self.number("page")?.unwrap_or(1);
+        let page_size: u64 = self.number("pageSize")?.unwrap_or(20);
+        if page < 1 {
+            return Err(ApiError::bad_request("page must be at least 1"));
+        }
+        if !(1..=200).contains(&page_size) {
+            return Err(ApiError::bad_request("pageSize must be between 1 and 200"));
+        }
+        Ok((page, page_size))
+    }
+
     pub fn flag(&self, key: &str) -> bool {
         matches!(self.one(key), Some("true") | Some("1") | Some("True"))
     }

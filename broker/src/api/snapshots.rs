@@ -140,14 +140,7 @@ pub async fn list(State(ctx): State<Arc<Ctx>>, RawQuery(raw): RawQuery) -> ApiRe
     let states: Vec<String> = q.all("state").iter().map(|s| s.to_ascii_lowercase()).collect();
     let sandbox: Vec<String> = q.all("sandboxId");
     let name: Vec<String> = q.all("name");
-    let page: u64 = q.number("page")?.unwrap_or(1);
-    let page_size: u64 = q.number("pageSize")?.unwrap_or(20);
-    if page < 1 {
-        return Err(ApiError::bad_request("page must be at least 1"));
-    }
-    if !(1..=200).contains(&page_size) {
-        return Err(ApiError::bad_request("pageSize must be between 1 and 200"));
-    }
+    let (page, page_size) = q.paging()?;
     let items: Vec<SnapshotRecord> = ctx
         .snapshots
         .list()
