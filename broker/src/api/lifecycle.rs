@@ -42,9 +42,9 @@ fn new_token() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn status_view(e: &SandboxEntry) -> SandboxStatus {
+fn status_view(e: &SandboxEntry) -> StatusView {
     let s = e.status();
-    SandboxStatus {
+    StatusView {
         state: s.state.as_str().into(),
         reason: s.reason.clone(),
         message: s.message.clone(),

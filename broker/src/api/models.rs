@@ -50,9 +50,10 @@ pub struct CreateSandboxRequest {
     pub extensions: Option<BTreeMap<String, String>>,
 }
 
+/// The status of a sandbox or of a snapshot, as the API shows both.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SandboxStatus {
+pub struct StatusView {
     pub state: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -75,7 +76,7 @@ pub struct SandboxView {
     pub image: Option<ImageRef>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
-    pub status: SandboxStatus,
+    pub status: StatusView,
     pub entrypoint: Vec<String>,
     pub created_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -90,7 +91,7 @@ pub struct SandboxView {
 #[serde(rename_all = "camelCase")]
 pub struct CreateSandboxResponse {
     pub id: String,
-    pub status: SandboxStatus,
+    pub status: StatusView,
     pub created_at: String,
     pub entrypoint: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

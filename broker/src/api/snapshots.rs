@@ -2,7 +2,7 @@
 //! and the restore half of a create (`snapshotId`). The work itself is in
 //! [`crate::snapshot`].
 use super::error::{parse_json, ApiError, ApiResult};
-use super::models::Pagination;
+use super::models::{Pagination, StatusView};
 use super::query::Query;
 use crate::sandbox::State as SbState;
 use crate::server::Ctx;
@@ -29,24 +29,13 @@ struct CreateSnapshotRequest {
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SnapshotStatusView {
-    pub state: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    pub last_transition_at: String,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct SnapshotView {
     pub id: String,
     pub sandbox_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     pub created_at: String,
-    pub status: SnapshotStatusView,
+    pub status: StatusView,
 }
 
 #[derive(Debug, Serialize)]
@@ -65,7 +54,7 @@ pub fn view(r: &SnapshotRecord) -> SnapshotView {
         sandbox_id: r.sandbox_id.clone(),
         name: r.name.clone(),
         created_at: rfc3339(&r.created_at),
-        status: SnapshotStatusView {
+        status: StatusView {
             state: r.state.as_str().into(),
             reason: r.reason.clone(),
             message: r.message.clone(),
