@@ -19,9 +19,9 @@ use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::erofs_disk::{blob, image_views, ErofsDisk};
+use common::erofs_disk::{blob, image_views};
 use common::virtio::{attach, run};
-use pvisor_vmm::devices::virtio::block::{Block, BlockBackend, FileBackend};
+use pvisor_vmm::devices::virtio::block::{Block, BlockBackend, FileBackend, ReadOnlyBackend};
 use pvisor_vmm::devices::virtio::mmio::regs::{
     INT_USED_BUFFER, MAGIC_VALUE, STATUS_ACKNOWLEDGE, STATUS_DRIVER, STATUS_DRIVER_OK, STATUS_FEATURES_OK, VERSION,
 };
@@ -117,7 +117,8 @@ fn virtio_blk_reads_the_erofs_view_of_an_image_and_refuses_writes() {
     let views = image_views(dir.path());
     let view = &views.check;
     let sector = blob_sector(view);
-    let disk = Block::new(Arc::new(ErofsDisk(views.disk)), "rootfs");
+    let image = views.disk;
+    let disk = Block::new(Arc::new(ReadOnlyBackend::new(image.len(), move |o, b| image.read_at(o, b))), "rootfs");
     let r = run(&common::guest("virtio_blk"), u32::try_from(sector).unwrap(), |b, l| {
         attach(b, l, Box::new(disk));
     });

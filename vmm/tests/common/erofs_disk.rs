@@ -1,40 +1,12 @@
 //! A small image imported into a pool and served as a read-only virtio-blk disk through its
 //! erofs view, as the vm backend serves a sandbox's root file system.
 
-use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
 use pvisor_images::erofs::ErofsView;
 use pvisor_images::{Options, Pool};
-use pvisor_vmm::devices::virtio::block::BlockBackend;
 use sha2::{Digest, Sha256};
-
-/// The erofs view of an image as a read-only disk: reads go to [`ErofsView::read_at`], writes
-/// fail, flush has nothing to do.
-pub struct ErofsDisk(pub Arc<ErofsView>);
-
-impl BlockBackend for ErofsDisk {
-    fn len(&self) -> u64 {
-        self.0.len()
-    }
-
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read_at(offset, buf)
-    }
-
-    fn write_at(&self, _offset: u64, _buf: &[u8]) -> io::Result<usize> {
-        Err(io::Error::new(io::ErrorKind::PermissionDenied, "the image disk is read-only"))
-    }
-
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-
-    fn read_only(&self) -> bool {
-        true
-    }
-}
 
 /// The content of the image's `/data/blob`: big enough to span several blocks, and no block
 /// of it equal to another.

@@ -4,39 +4,13 @@
 use crate::config::ImageDisk;
 use crate::error::{Result, WorkerError};
 use pvisor_images::erofs::ErofsView;
-use pvisor_vmm::devices::virtio::block::{BlockBackend, FileBackend};
-use std::io;
+use pvisor_vmm::devices::virtio::block::{BlockBackend, FileBackend, ReadOnlyBackend};
 use std::path::Path;
 use std::sync::Arc;
 
 /// The virtio-blk serial of each disk (`/sys/block/vdX/serial` in the guest).
 pub const ROOT_ID: &str = "pvisor-root";
 pub const SCRATCH_ID: &str = "pvisor-scratch";
-
-/// The image's erofs view as a read-only block device.
-pub struct ErofsDisk(pub ErofsView);
-
-impl BlockBackend for ErofsDisk {
-    fn len(&self) -> u64 {
-        self.0.len()
-    }
-
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read_at(offset, buf)
-    }
-
-    fn write_at(&self, _offset: u64, _buf: &[u8]) -> io::Result<usize> {
-        Err(io::Error::from_raw_os_error(libc::EROFS))
-    }
-
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-
-    fn read_only(&self) -> bool {
-        true
-    }
-}
 
 /// Opens the image of `disk` from its pool (index and packs are opened now,
 /// before the worker's filters; reads happen later, on demand).
@@ -47,7 +21,7 @@ pub fn open_root(disk: &ImageDisk) -> Result<Arc<dyn BlockBackend>> {
     let view = pool.view(&record).map_err(fail)?;
     let erofs = ErofsView::new(Arc::new(view))
         .map_err(|e| WorkerError::Start(format!("image {}: erofs view: {e}", disk.image_id)))?;
-    Ok(Arc::new(ErofsDisk(erofs)))
+    Ok(Arc::new(ReadOnlyBackend::new(erofs.len(), move |offset, buf| erofs.read_at(offset, buf))))
 }
 
 /// Opens the sandbox's scratch disk read-write.

@@ -45,6 +45,43 @@ pub trait BlockBackend: Send + Sync {
     }
 }
 
+/// A read-only disk whose content comes from `read` (an image's erofs view,
+/// synthesized from the pool on demand): writes fail with EROFS, flush has
+/// nothing to do.
+pub struct ReadOnlyBackend<F> {
+    len: u64,
+    read: F,
+}
+
+impl<F: Fn(u64, &mut [u8]) -> io::Result<usize> + Send + Sync> ReadOnlyBackend<F> {
+    /// A disk of `len` bytes read through `read(offset, buf)`.
+    pub fn new(len: u64, read: F) -> Self {
+        Self { len, read }
+    }
+}
+
+impl<F: Fn(u64, &mut [u8]) -> io::Result<usize> + Send + Sync> BlockBackend for ReadOnlyBackend<F> {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        (self.read)(offset, buf)
+    }
+
+    fn write_at(&self, _offset: u64, _buf: &[u8]) -> io::Result<usize> {
+        Err(io::Error::from_raw_os_error(libc::EROFS))
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn read_only(&self) -> bool {
+        true
+    }
+}
+
 /// A disk in a host file (the sandbox's sparse scratch disk), read and
 /// written with `pread`/`pwrite`. Its size is fixed at open.
 #[derive(Debug)]

@@ -11,7 +11,7 @@ mod backend;
 mod device;
 mod request;
 
-pub use backend::{BlockBackend, FileBackend};
+pub use backend::{BlockBackend, FileBackend, ReadOnlyBackend};
 pub use device::Block;
 
 /// Bytes per sector: virtio-blk addresses and sizes the disk in 512-byte
