@@ -916,3 +916,18 @@ fn gc_merges_small_packs() {
     }
     assert_eq!(pool.du().unwrap().unreferenced_bytes, 0);
 }
+
+/// A name-table rewrite killed between writing its temp file and renaming it
+/// (what round 10 of a CI run of `import_survives_being_killed` hit) leaves
+/// nothing behind once the pool is opened again, and the old table stands.
+#[test]
+fn interrupted_name_table_write_is_cleaned_on_open() {
+    let env = Env::new();
+    drop(env.pool());
+    fs::write(env.root.join("names.json"), br#"{"version":1,"names":{}}"#).unwrap();
+    fs::write(env.root.join("names.json.tmp"), b"{\"version\":1,\"na").unwrap();
+    let pool = env.pool();
+    assert!(!env.root.join("names.json.tmp").exists(), "the interrupted write survived an open");
+    assert_pool_clean(&env.root, false);
+    assert!(pool.list().unwrap().is_empty());
+}

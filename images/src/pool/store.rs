@@ -176,6 +176,14 @@ impl Store {
                 Err((_, e)) => return Err(Error::io(&path, e)),
             }
         }
+        // A name-table rewrite killed before its rename leaves its temp file
+        // in the root; only a holder of the store lock (held here) writes it.
+        let names_tmp = self.root.join(format!("{NAMES_FILE}.tmp"));
+        match fs::remove_file(&names_tmp) {
+            Ok(()) => tracing::info!(path = %names_tmp.display(), "removed an interrupted name-table write"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&names_tmp, e)),
+        }
         Ok(())
     }
 
