@@ -299,4 +299,34 @@ impl Agent for AgentService {
         crate::tunnel::open(req.into_inner(), tx).await?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+
+    // Code interpreter (issue 11): stubs until `crate::code` lands.
+    async fn create_context(&self, _: Request<CreateContextRequest>) -> Res<CodeContext> {
+        Err(Status::unimplemented("code interpreter"))
+    }
+
+    async fn get_context(&self, _: Request<ContextRef>) -> Res<CodeContext> {
+        Err(Status::unimplemented("code interpreter"))
+    }
+
+    async fn list_contexts(&self, _: Request<ListContextsRequest>) -> Res<ContextList> {
+        Err(Status::unimplemented("code interpreter"))
+    }
+
+    async fn delete_context(&self, _: Request<ContextRef>) -> Res<Empty> {
+        Err(Status::unimplemented("code interpreter"))
+    }
+
+    async fn delete_contexts(&self, _: Request<ListContextsRequest>) -> Res<Empty> {
+        Err(Status::unimplemented("code interpreter"))
+    }
+
+    type RunCodeStream = Stream<CodeEvent>;
+    async fn run_code(&self, _: Request<RunCodeRequest>) -> Res<Self::RunCodeStream> {
+        Err(Status::unimplemented("code interpreter"))
+    }
+
+    async fn interrupt_code(&self, _: Request<ContextRef>) -> Res<Empty> {
+        Err(Status::unimplemented("code interpreter"))
+    }
 }
