@@ -128,16 +128,11 @@ mod tests {
         }
     }
 
-    fn as_root() -> bool {
-        nix::unistd::geteuid().is_root()
-    }
-
     /// Root on the host (CI): a thread as 65534 cannot read a 0600 root file,
     /// and creates files owned by 65534; the rest of the process stays root.
     #[tokio::test]
     async fn operations_run_with_the_identity() {
-        if !as_root() {
-            eprintln!("SKIP operations_run_with_the_identity: needs root (setfsuid to another user)");
+        if !pvisor_testkit::require_root("setfsuid to another user") {
             return;
         }
         use std::os::unix::fs::{MetadataExt, PermissionsExt};

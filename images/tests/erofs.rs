@@ -30,12 +30,8 @@ const PIECE: usize = 1 << 20;
 fn test_image(name: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("PVISOR_TEST_IMAGES").map_or_else(|| PathBuf::from(DEFAULT_IMAGES), PathBuf::from);
     let path = dir.join(name);
-    if path.exists() {
-        Some(path)
-    } else {
-        eprintln!("SKIP: test image {} is missing", path.display());
-        None
-    }
+    let why = format!("test image {} is missing", path.display());
+    pvisor_testkit::require(Some(path).filter(|p| p.exists()), why)
 }
 
 /// An imported image and its erofs view written out to a file.
@@ -272,7 +268,7 @@ fn xattrs(path: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
 /// `fsck.erofs` on the image, then its extraction compared with the index.
 fn check_fsck(fx: &Fixture, name: &str) {
     if !tool_present("fsck.erofs") {
-        eprintln!("SKIP: fsck.erofs is not installed (apt-get install erofs-utils)");
+        pvisor_testkit::skip("fsck.erofs is not installed (apt-get install erofs-utils)");
         return;
     }
     let start = Instant::now();
@@ -326,14 +322,13 @@ impl Drop for Mounted {
 }
 
 fn can_mount() -> bool {
-    if !is_root() {
-        eprintln!("SKIP: mount check needs root");
+    if !pvisor_testkit::require_root("the erofs mount check") {
         return false;
     }
     let erofs =
         fs::read_to_string("/proc/filesystems").is_ok_and(|f| f.lines().any(|l| l.trim_end().ends_with("erofs")));
     if !erofs || !Path::new("/dev/loop-control").exists() || !tool_present("losetup") {
-        eprintln!("SKIP: mount check needs erofs in the kernel, /dev/loop-control and losetup");
+        pvisor_testkit::skip("the mount check needs erofs in the kernel, /dev/loop-control and losetup");
         return false;
     }
     true

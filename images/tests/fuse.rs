@@ -4,7 +4,7 @@
 //! of the image run from it (chroot), and the server's two ways out (lifeline EOF, unmount) are
 //! exercised together with the broker-side `umount2(MNT_DETACH)`.
 //!
-//! Skipped (with a SKIP line on stderr) when `/dev/fuse` is missing, when the test images are
+//! Skipped (with a SKIP line on stderr; a failure under `PVISOR_TEST_STRICT=1`) when `/dev/fuse` is missing, when the test images are
 //! missing, or when not running as root (mount(2) needs it; fusermount3 is not assumed).
 
 use std::collections::BTreeMap;
@@ -36,7 +36,7 @@ fn images_dir() -> PathBuf {
 /// The test image archives, or None (after printing why) if the test must be skipped.
 fn prerequisites(test: &str, archives: &[&str]) -> Option<Vec<PathBuf>> {
     let skip = |why: String| {
-        eprintln!("SKIP {test}: {why}");
+        pvisor_testkit::skip(format!("{test}: {why}"));
         None
     };
     if !Path::new("/dev/fuse").exists() {

@@ -35,13 +35,18 @@ const BUSYBOX_BIN_MIN: usize = 1 << 20;
 /// The busybox docker-archive, or None (after saying why) to skip.
 fn prerequisites() -> Option<PathBuf> {
     if !Path::new(REGISTRY_BIN).exists() {
-        eprintln!("SKIP: {REGISTRY_BIN} is absent (apt-get install -y docker-registry skopeo apache2-utils)");
+        pvisor_testkit::skip(format!(
+            "{REGISTRY_BIN} is absent (apt-get install -y docker-registry skopeo apache2-utils)"
+        ));
         return None;
     }
     let dir = std::env::var_os("PVISOR_TEST_IMAGES").map_or_else(|| PathBuf::from(DEFAULT_TEST_IMAGES), PathBuf::from);
     let busybox = dir.join("busybox.tar");
     if !busybox.is_file() {
-        eprintln!("SKIP: {} is absent (images/testdata/build-test-images.sh builds it)", busybox.display());
+        pvisor_testkit::skip(format!(
+            "{} is absent (images/testdata/build-test-images.sh builds it)",
+            busybox.display()
+        ));
         return None;
     }
     Some(busybox)

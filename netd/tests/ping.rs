@@ -13,8 +13,7 @@ use pvisor_proto::net::NetConfig;
 
 #[test]
 fn echo_goes_through_a_ping_socket_where_the_host_allows_it() {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIP: needs root for a private network namespace (unshare CLONE_NEWNET)");
+    if !pvisor_testkit::require_root("a private network namespace (unshare CLONE_NEWNET)") {
         return;
     }
     let (guest, link) = nix::sys::socket::socketpair(

@@ -53,12 +53,12 @@ fn host_address() -> Option<Ipv4Addr> {
 
 #[test]
 fn linux_behind_a_tap_reaches_the_host_through_netd() {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIP: needs root for a private network namespace and /dev/net/tun");
+    if !pvisor_testkit::require_root("a private network namespace and /dev/net/tun") {
         return;
     }
-    let Some(host) = host_address() else {
-        println!("SKIP: the host has no outward IPv4 address to serve the test from");
+    let Some(host) =
+        pvisor_testkit::require(host_address(), "the host has no outward IPv4 address to serve the test from")
+    else {
         return;
     };
     let listener = TcpListener::bind((host, 0)).unwrap();

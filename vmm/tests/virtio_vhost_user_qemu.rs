@@ -9,7 +9,7 @@
 //! accepts a host-initiated connection and echoes it.
 //!
 //! Without a kernel or QEMU the test prints SKIP and passes; under
-//! `CI=true`, or with `PVISOR_GUEST_KERNEL` set, a missing piece fails it.
+//! `PVISOR_TEST_STRICT=1`, or with `PVISOR_GUEST_KERNEL` set, a missing piece fails it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
@@ -29,13 +29,16 @@ const GUEST_CID: u64 = 3;
 
 /// Whether every piece must be there (CI, or a kernel given explicitly).
 fn strict() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var_os("PVISOR_GUEST_KERNEL").is_some()
+    pvisor_testkit::strict() || std::env::var_os("PVISOR_GUEST_KERNEL").is_some()
 }
 
 /// Prints SKIP and returns None, or panics where the piece is required.
 fn require(what: &str, found: Option<PathBuf>) -> Option<PathBuf> {
     if found.is_none() {
-        assert!(!strict(), "{what} is required here (CI=true or PVISOR_GUEST_KERNEL set) but was not found");
+        assert!(
+            !strict(),
+            "{what} is required here (PVISOR_TEST_STRICT=1 or PVISOR_GUEST_KERNEL set) but was not found"
+        );
         eprintln!("SKIP virtio_vhost_user_qemu: no {what}");
     }
     found

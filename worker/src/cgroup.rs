@@ -401,7 +401,7 @@ mod tests {
     #[test]
     fn group_limits_leaves_and_destroy() {
         let Ok(layout) = Layout::detect() else {
-            eprintln!("skipped: no cgroup hierarchy");
+            pvisor_testkit::skip("no cgroup hierarchy");
             return;
         };
         let limits = Limits { cpu_millis: 500, memory_bytes: 64 << 20, pids: 77 };
@@ -409,7 +409,7 @@ mod tests {
         let g = match layout.create_group(&name, &limits) {
             Ok(g) => g,
             Err(e) => {
-                eprintln!("skipped: cannot create cgroups here: {e}");
+                pvisor_testkit::skip(format!("cannot create cgroups here: {e}"));
                 return;
             }
         };

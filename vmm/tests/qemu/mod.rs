@@ -8,7 +8,7 @@
 //! ends the guest with `reboot -f` (`reboot=t` + `-no-reboot`: QEMU exits).
 //!
 //! The kernel comes from `PVISOR_GUEST_KERNEL` (scripts/test.sh sets it).
-//! Without it the tests print SKIP, except under CI (`CI=true`), where they fail.
+//! Without it the tests print SKIP, except under `PVISOR_TEST_STRICT=1`, where they fail.
 
 // Each test crate that includes this module uses a part of it.
 #![allow(dead_code)]
@@ -31,23 +31,12 @@ pub fn guest_kernel() -> Option<PathBuf> {
     required_env("PVISOR_GUEST_KERNEL", "scripts/guest-kernel.sh builds it")
 }
 
-/// A path from the environment, or `None` after a SKIP line; under CI its
-/// absence is a failure.
+/// A path from the environment, or `None` after a SKIP line; under
+/// `PVISOR_TEST_STRICT=1` its absence is a failure.
 pub fn required_env(var: &str, hint: &str) -> Option<PathBuf> {
-    match std::env::var_os(var) {
-        Some(path) => {
-            let path = PathBuf::from(path);
-            assert!(path.exists(), "{var}={} does not exist", path.display());
-            Some(path)
-        }
-        None if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("{var} is unset under CI ({hint}; scripts/test.sh sets it)")
-        }
-        None => {
-            println!("SKIP: {var} is unset ({hint}; scripts/test.sh sets it)");
-            None
-        }
-    }
+    let path = pvisor_testkit::require_env(var, &format!("{hint}; scripts/test.sh sets it"))?;
+    assert!(path.exists(), "{var}={} does not exist", path.display());
+    Some(path)
 }
 
 /// Panics with the package to install when `tool` is not on PATH.

@@ -37,7 +37,7 @@ pub fn netd_exe() -> Option<PathBuf> {
         (Some(n), _) => PathBuf::from(n),
         (None, Some(d)) => PathBuf::from(d).join("pvisor-netd"),
         (None, None) => {
-            eprintln!("SKIP: set PVISOR_DIST or PVISOR_NETD to the real pvisor-netd (scripts/test.sh does)");
+            pvisor_testkit::skip("set PVISOR_DIST or PVISOR_NETD to the real pvisor-netd (scripts/test.sh does)");
             return None;
         }
     };
@@ -47,7 +47,7 @@ pub fn netd_exe() -> Option<PathBuf> {
 
 pub fn env() -> Option<Env> {
     let Some(dist) = std::env::var_os("PVISOR_DIST") else {
-        eprintln!("skipped: set PVISOR_DIST (scripts/test.sh does)");
+        pvisor_testkit::skip("set PVISOR_DIST (scripts/test.sh does)");
         return None;
     };
     let agent = PathBuf::from(dist).join("pvisor-agent");
