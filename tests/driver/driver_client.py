@@ -155,8 +155,34 @@ class Driver:
     def run(self, code):
         return self.finish(self.start(code))
 
+    def wait_stdout(self, mark, text):
+        """Read until `text` shows up in the stdout written since `mark` (cell sync point)."""
+        while text not in "".join(t for name, t in self.events[mark:] if name == "stdout"):
+            if not self._selector.get_map():
+                raise DriverError("pipes closed before %r was printed" % (text,))
+            ready = self._selector.select(WAIT)
+            if not ready:
+                raise DriverError("%r not printed within %ss; events: %r" % (text, WAIT, self.events[mark:]))
+            for key, _ in ready:
+                if key.data == "control":
+                    message = self.next_message()
+                    if message is not None and message.get("t") == "done":
+                        raise DriverError("cell ended before printing %r: %r" % (text, self.events[mark:]))
+                else:
+                    self._drain(key.data, key.fd)
+
     def interrupt(self):
         os.kill(self.proc.pid, signal.SIGINT)
+
+    def wait_signal_taken(self):
+        """Wait until the driver has taken its pending signals and sleeps again (idle)."""
+        status = Path("/proc/%d/status" % self.proc.pid)
+        while True:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+            if not pending and fields["State"].strip().startswith("S"):
+                return
+            os.sched_yield()
 
     def close_control(self):
         os.close(self._control_in_w)
