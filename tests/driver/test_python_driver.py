@@ -448,3 +448,45 @@ def test_pandas_frame_has_html(driver):
     data = cell.main[0]["data"]
     assert "<table" in data["text/html"]
     assert data["text/plain"].split() == ["a", "0", "1", "1", "2"]
+
+
+# ------------------------------------------------------------------ robustness
+
+
+@needs_await
+def test_a_loop_set_up_by_sync_cells_is_adopted(driver):
+    driver.run(
+        "import asyncio, warnings\nwarnings.simplefilter('ignore', DeprecationWarning)\n"
+        "async def job():\n    return 'scheduled earlier'\n"
+        "task = asyncio.get_event_loop().create_task(job())"
+    )
+    assert driver.run("await task").value == "'scheduled earlier'"
+
+
+def test_a_cell_resetting_sigint_does_not_make_idle_sigint_fatal(driver):
+    driver.run("import signal\nsignal.signal(signal.SIGINT, signal.SIG_DFL)")
+    driver.interrupt()
+    driver.wait_signal_taken()
+    driver.run("signal.signal(signal.SIGINT, signal.default_int_handler)")
+    driver.interrupt()
+    driver.wait_signal_taken()
+    assert driver.proc.poll() is None
+    assert driver.run("'alive'").value == "'alive'"
+
+
+def test_forked_children_do_not_write_control_messages(driver):
+    code = (
+        "import multiprocessing\n"
+        "child = multiprocessing.get_context('fork').Process(target=display, args=('from the child',))\n"
+        "child.start(); child.join()\n"
+        "child.exitcode"
+    )
+    cell = driver.run(code)
+    assert [r["data"]["text/plain"] for r in cell.results] == ["0"]
+    assert driver.run("'parent'").value == "'parent'"
+
+
+def test_ipython_display_is_the_drivers(driver):
+    require("IPython")
+    cell = driver.run("from IPython.display import display, HTML\ndisplay(HTML('<b>x</b>'))")
+    assert cell.results[0]["data"]["text/html"] == "<b>x</b>"

@@ -74,6 +74,7 @@ class _State:
     """Mutable driver state shared by the cell runner and the SIGINT handler."""
 
     in_cell = False  # SIGINT raises KeyboardInterrupt only while this is set
+    active = False  # from an exec until its done: results may be sent
     critical = 0  # >0 while a control message is being written: SIGINT waits
     pending_interrupt = False
     count = 0
@@ -84,6 +85,7 @@ class _State:
 
 # ---------------------------------------------------------------- control I/O
 
+_in_fd = -1
 _out_fd = -1
 _out_lock = threading.Lock()
 
@@ -106,6 +108,8 @@ def _flush_user_streams():
 
 def _send(message):
     """Write one control message, after flushing the user's output (ordering contract)."""
+    if _out_fd < 0:
+        return  # a forked child of user code: the control pipe is the parent's
     line = (json.dumps(message, ensure_ascii=False) + "\n").encode("utf-8", "replace")
     # SIGINT is handled on the main thread: there a KeyboardInterrupt must not
     # cut a message in half, so it waits until the line is written.
@@ -128,10 +132,15 @@ def _send(message):
 
 
 def _read_requests(fd):
-    """Yield the request lines from the control pipe until EOF."""
+    """Yield the request lines from the control pipe until EOF (or until it is gone)."""
     buffer = b""
     while True:
-        chunk = os.read(fd, 1 << 16)
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except KeyboardInterrupt:
+            continue  # a SIGINT handler set by user code raised while idle
+        except OSError:
+            return
         if not chunk:
             return
         buffer += chunk
@@ -142,6 +151,26 @@ def _read_requests(fd):
             line, buffer = buffer[:newline], buffer[newline + 1 :]
             if line.strip():
                 yield line
+
+
+def _forget_control_fds():
+    """In a child forked by user code: close the parent's control pipes, send nothing."""
+    global _out_fd, _in_fd
+    for fd in (_in_fd, _out_fd):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _in_fd = _out_fd = -1
+
+
+def _restore_sigint():
+    """Put the driver's SIGINT handler back if a cell reset it to one that kills or raises idle."""
+    try:
+        if signal.getsignal(signal.SIGINT) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(signal.SIGINT, _on_sigint)
+    except (ValueError, TypeError):
+        pass
 
 
 def _on_sigint(signum, frame):
@@ -268,6 +297,8 @@ def _format(obj):
 
 
 def _emit_result(obj, main):
+    if not _State.active:
+        return  # display() from a thread after its cell ended: no run to attach it to
     if _is_figure(obj) and _State.shown_figures is not None:
         _State.shown_figures.add(id(obj))
     _send({"t": "result", "data": _format(obj), "main": main})
@@ -328,6 +359,12 @@ def _patch_pyplot(module):
     module.show = _inline_show
 
 
+def _patch_ipython_display(module):
+    """IPython's `display()` (when the image has IPython but no kernel runs) is ours."""
+    if hasattr(module, "display"):
+        module.display = display
+
+
 class _PostImportHooks:
     """A meta-path finder that runs a patch right after some modules first load."""
 
@@ -350,7 +387,9 @@ class _PostImportHooks:
             self.busy.discard(fullname)
         loader = getattr(spec, "loader", None) if spec is not None else None
         exec_module = getattr(loader, "exec_module", None)
-        if exec_module is None:
+        # Only a loader instance made for this spec may be patched (never a shared class
+        # such as the frozen or built-in importers).
+        if exec_module is None or isinstance(loader, type):
             return spec
 
         def exec_then_patch(module):
@@ -457,12 +496,26 @@ def _compile(tree, filename, mode):
 
 
 def _event_loop():
-    """The context's persistent event loop (created on the first `await` cell)."""
+    """The context's persistent event loop, made (or adopted) by the first `await` cell."""
     import asyncio
 
     loop = _State.loop
     if loop is None or loop.is_closed():
-        loop = asyncio.new_event_loop()
+        loop = None
+        # A loop that earlier sync cells set up (asyncio.get_event_loop()) is adopted,
+        # so the tasks they scheduled on it run.
+        try:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                current = asyncio.get_event_loop_policy().get_event_loop()
+            if not current.is_closed() and not current.is_running():
+                loop = current
+        except Exception:
+            pass
+        if loop is None:
+            loop = asyncio.new_event_loop()
         _State.loop = loop
     asyncio.set_event_loop(loop)
     return loop
@@ -560,6 +613,7 @@ def _error_message(exc):
 def _execute(request, namespace):
     """One `exec` request: run the cell, then `error` if it raised, then `done`."""
     _State.count += 1
+    _State.active = True
     failure = None
     source = request.get("code") if isinstance(request, dict) else None
     _State.shown_figures = set()
@@ -583,6 +637,8 @@ def _execute(request, namespace):
         sys.last_type, sys.last_value, sys.last_traceback = type(failure), failure, failure.__traceback__
         _send(message)
     _State.shown_figures = None
+    _restore_sigint()
+    _State.active = False
     _send({"t": "done", "count": _State.count})
 
 
@@ -595,18 +651,25 @@ def _user_namespace():
 
 
 def main():
-    global _out_fd
-    control_in = _move_control_fd(_CONTROL_IN_FD)
+    global _in_fd, _out_fd
+    _in_fd = _move_control_fd(_CONTROL_IN_FD)
     _out_fd = _move_control_fd(_CONTROL_OUT_FD)
     signal.signal(signal.SIGINT, _on_sigint)
     builtins.display = display
     builtins.__pvisor_shell__ = _shell_escape
     builtins.__pvisor_magic__ = _magic
-    sys.meta_path.insert(0, _PostImportHooks({"matplotlib.pyplot": _patch_pyplot}))
+    hooks = {
+        "matplotlib.pyplot": _patch_pyplot,
+        "IPython.core.display_functions": _patch_ipython_display,
+        "IPython.core.display": _patch_ipython_display,
+    }
+    sys.meta_path.insert(0, _PostImportHooks(hooks))
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forget_control_fds)
     namespace = _user_namespace()
     version = "%d.%d.%d" % sys.version_info[:3]
     _send({"t": "ready", "version": version})
-    for line in _read_requests(control_in):
+    for line in _read_requests(_in_fd):
         try:
             request = json.loads(line.decode("utf-8", "replace"))
         except ValueError:
@@ -617,7 +680,7 @@ def main():
             _execute(request, namespace)
         except KeyboardInterrupt:
             # A SIGINT that landed between the cell's end and its bookkeeping.
-            _State.in_cell = False
+            _State.in_cell = _State.active = False
             _send({"t": "done", "count": _State.count})
     _flush_user_streams()
     sys.exit(0)
