@@ -393,6 +393,41 @@ def test_shell_escape_and_pip_magic(driver):
     assert driver.run("x = 5\nx !=3").value == "True"
 
 
+def test_shell_escape_expands_and_captures(driver):
+    driver.run("n = 3")
+    assert driver.run("!echo {n + 1} $n $$ {{n}}").stdout == "4 3 $ {n}\n"
+    assert driver.run("lines = !printf 'a\\nb\\n'\nlines").value == "['a', 'b']"
+
+
+def test_line_magics(driver, tmp_path):
+    assert driver.run("%matplotlib inline\n1").value == "1"  # accepted, nothing to do
+    assert driver.run("%cd " + str(tmp_path)).stdout == str(tmp_path) + "\n"
+    assert driver.run("%pwd").value == repr(str(tmp_path))
+    assert driver.run("import os\nos.getcwd()").value == repr(str(tmp_path))
+    assert driver.run("%env PVISOR_MAGIC=on").stdout == "env: PVISOR_MAGIC=on\n"
+    assert driver.run("os.environ['PVISOR_MAGIC']").value == "'on'"
+    cell = driver.run("%time sum(range(4))")
+    assert cell.value == "6" and "Wall time: " in cell.stdout
+    assert "per loop (mean ± std. dev. of 7 runs" in driver.run("%timeit sum(range(4))").stdout
+
+
+def test_cell_magics(driver, tmp_path):
+    target = tmp_path / "written.txt"
+    cell = driver.run("%%writefile " + str(target) + "\nline one\n")
+    assert cell.stdout == "Writing %s\n" % target and target.read_text() == "line one\n"
+    assert driver.run("%%bash\nv=shell\necho \"in $v\"").stdout == "in shell\n"
+    cell = driver.run("%%time\ny = 20\ny + 22")
+    assert cell.value == "42" and cell.kinds() == ["stdout", "main", "done"]
+    tb = driver.run("%%time\n\nraise KeyError('k')").error["traceback"]
+    assert '  File "<cell-4>", line 3, in <module>' in tb and "    raise KeyError('k')" in tb
+
+
+def test_unknown_magic_is_a_usage_error(driver):
+    assert driver.run("%nosuchmagic").error["ename"] == "UsageError"
+    assert driver.run("%%nosuchmagic\nbody").error["ename"] == "UsageError"
+    assert driver.run("'fine'").value == "'fine'"
+
+
 # ------------------------------------------------------------------ end
 
 

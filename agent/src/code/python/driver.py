@@ -80,6 +80,7 @@ class _State:
     count = 0
     compile_flags = _TOP_LEVEL_AWAIT
     loop = None
+    namespace = None  # the user's globals
     shown_figures = None  # ids of figures already displayed in this cell
 
 
@@ -413,6 +414,201 @@ class _PostImportHooks:
         pass
 
 
+# --------------------------------------------------- IPython-style escapes
+# Only a cell that is not valid Python is rewritten: `!cmd` and `%magic` lines become
+# calls of the builtins below, a `%%magic` first line turns the cell into that magic.
+
+
+class UsageError(Exception):
+    """A magic used wrongly or not available (IPython's name for it)."""
+
+
+def _expand(command):
+    """IPython's `{expr}` and `$name` expansion in shell lines; unchanged if anything fails."""
+    import re
+
+    namespace = _State.namespace
+    try:
+        command = re.sub(r"(?<!\{)\{([^{}]+)\}(?!\})", lambda m: str(eval(m.group(1), namespace)), command)
+    except Exception:
+        return command
+    command = re.sub(
+        r"\$(\$|[A-Za-z_]\w*)",
+        lambda m: "$" if m.group(1) == "$" else str(namespace[m.group(1)]) if m.group(1) in namespace else m.group(0),
+        command,
+    )
+    return command.replace("{{", "{").replace("}}", "}")
+
+
+def _shell_escape(command, capture=False):
+    """`!cmd` runs a shell command on the cell's stdout/stderr; `x = !cmd` returns its lines."""
+    import subprocess
+
+    command = _expand(command)
+    _flush_user_streams()
+    if capture:
+        output = subprocess.run(command, shell=True, stdout=subprocess.PIPE).stdout
+        return output.decode("utf-8", "replace").splitlines()
+    subprocess.call(command, shell=True)
+    return None
+
+
+def _clock():
+    """(user CPU, system CPU, wall) seconds, for %time and %%time."""
+    import resource
+    import time
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime, time.perf_counter()
+
+
+def _print_times(started):
+    user, system, wall = (now - then for now, then in zip(_clock(), started))
+    print(
+        "CPU times: user %s, sys: %s, total: %s\nWall time: %s"
+        % (_duration(user), _duration(system), _duration(user + system), _duration(wall))
+    )
+
+
+def _duration(seconds):
+    for unit, scale in (("s", 1.0), ("ms", 1e3), ("µs", 1e6)):
+        if seconds >= 1.0 / scale:
+            return "%.3g %s" % (seconds * scale, unit)
+    return "%.3g ns" % (seconds * 1e9) if seconds > 0 else "0 ns"
+
+
+def _magic_time(args):
+    try:
+        code = compile(args, "<magic-time>", "eval", _State.compile_flags, True)
+    except SyntaxError:
+        code = compile(args, "<magic-time>", "exec", _State.compile_flags, True)
+    started = _clock()
+    try:
+        return eval(code, _State.namespace)
+    finally:
+        _print_times(started)
+
+
+def _magic_timeit(args):
+    import math
+    import timeit
+
+    timer = timeit.Timer(args, globals=_State.namespace)
+    loops, _ = timer.autorange()
+    runs = [t / loops for t in timer.repeat(repeat=7, number=loops)]
+    mean = sum(runs) / len(runs)
+    deviation = math.sqrt(sum((t - mean) ** 2 for t in runs) / len(runs))
+    print(
+        "%s ± %s per loop (mean ± std. dev. of 7 runs, %d loop%s each)"
+        % (_duration(mean), _duration(deviation), loops, "" if loops == 1 else "s")
+    )
+
+
+def _magic_env(args):
+    if not args:
+        return dict(os.environ)
+    if "=" in args or " " in args.strip():
+        name, _, value = args.replace("=", " ", 1).partition(" ")
+        os.environ[name.strip()] = _expand(value.strip())
+        print("env: %s=%s" % (name.strip(), value.strip()))
+        return None
+    return os.environ.get(args.strip())
+
+
+def _magic_cd(args):
+    target = os.path.expanduser(_expand(args.strip()) or "~")
+    os.chdir(target)
+    print(os.getcwd())
+
+
+def _magic_pip(args):
+    import shlex
+    import subprocess
+
+    _flush_user_streams()
+    subprocess.call([sys.executable, "-m", "pip"] + shlex.split(_expand(args)))
+    print("Note: you may need to restart the context to use updated packages.")
+
+
+# Magics that mean nothing here (the inline plotting they ask for is always on).
+_IGNORED_MAGICS = ("matplotlib", "load_ext", "autoreload", "config")
+
+
+def _magic(line):
+    """A `%name args` line magic: pip, cd, pwd, env, time, timeit; inline-plotting ones are no-ops."""
+    name, _, args = line.strip().partition(" ")
+    args = args.strip()
+    if name == "pip":
+        return _magic_pip(args)
+    if name == "cd":
+        return _magic_cd(args)
+    if name == "pwd":
+        return os.getcwd()
+    if name == "env":
+        return _magic_env(args)
+    if name == "time":
+        return _magic_time(args)
+    if name == "timeit":
+        return _magic_timeit(args)
+    if name in _IGNORED_MAGICS:
+        return None
+    raise UsageError("Line magic function `%%%s` not found (pvisor has %%pip, %%cd, %%pwd, %%env, %%time, %%timeit)." % name)
+
+
+def _cell_magic(line, body):
+    """A `%%name args` cell: bash/sh (the cell is a script), writefile; %%time is in _run_cell."""
+    import subprocess
+
+    name, _, args = line.strip().partition(" ")
+    args = args.strip()
+    if name in ("bash", "sh"):
+        _flush_user_streams()
+        subprocess.call([name, "-c", body])
+        return None
+    if name == "writefile":
+        append = args.startswith("-a ") or args.startswith("--append ")
+        path = os.path.expanduser(_expand(args.split(None, 1)[1] if append else args))
+        exists = os.path.exists(path)
+        with open(path, "a" if append else "w") as handle:
+            handle.write(body)
+        print("%s %s" % ("Appending to" if append else "Overwriting" if exists else "Writing", path))
+        return None
+    raise UsageError("Cell magic `%%%%%s` not found (pvisor has %%%%bash, %%%%sh, %%%%writefile, %%%%time)." % name)
+
+
+def _transform_escapes(source):
+    """Rewrite `!cmd`, `x = !cmd` and `%magic` lines into calls; None if there are none."""
+    import re
+
+    lines = source.splitlines(True)
+    changed = False
+    for index, line in enumerate(lines):
+        stripped = line.lstrip()
+        indent = line[: len(line) - len(stripped)]
+        body = stripped.rstrip("\r\n")
+        captured = re.match(r"([A-Za-z_][\w.]*(?:\[[^\]]*\])?)\s*=\s*!(.*)$", body)
+        if captured:
+            call = "%s = __pvisor_shell__(%r, capture=True)" % (captured.group(1), captured.group(2))
+        elif body.startswith("!") and not body.startswith("!="):
+            call = "__pvisor_shell__(%r)" % body[1:]
+        elif body.startswith("%") and body[1:2].isalpha():
+            call = "__pvisor_magic__(%r)" % body[1:]
+        else:
+            continue
+        lines[index] = indent + call + line[len(indent) + len(body) :]
+        changed = True
+    return "".join(lines) if changed else None
+
+
+def _split_cell_magic(source):
+    """(magic line, rest) when the cell's first line is `%%magic ...`, else None."""
+    stripped = source.lstrip("\r\n\t ")
+    if not stripped.startswith("%%"):
+        return None
+    first, _, rest = stripped.partition("\n")
+    return first[2:], rest
+
+
 # ------------------------------------------------------------------ cells
 
 
@@ -432,45 +628,6 @@ def _ends_with_semicolon(source):
     except Exception:
         return source.rstrip().endswith(";")
     return last is not None and last.type == tokenize.OP and last.string == ";"
-
-
-def _shell_escape(command):
-    """`!cmd`: run a shell command with the cell's stdout and stderr."""
-    import subprocess
-
-    _flush_user_streams()
-    subprocess.call(command, shell=True)
-
-
-def _magic(line):
-    """`%pip ...` (runs pip with this interpreter); other magics are errors."""
-    import shlex
-    import subprocess
-
-    name, _, rest = line.partition(" ")
-    if name != "pip":
-        raise NameError("pvisor: unsupported magic %%%s (only %%pip and !cmd are available)" % name)
-    _flush_user_streams()
-    subprocess.call([sys.executable, "-m", "pip"] + shlex.split(rest))
-
-
-def _transform_escapes(source):
-    """Rewrite IPython's `!cmd` and `%pip` lines into calls; None if there are none."""
-    lines = source.splitlines(True)
-    changed = False
-    for index, line in enumerate(lines):
-        stripped = line.lstrip()
-        indent = line[: len(line) - len(stripped)]
-        body = stripped.rstrip("\r\n")
-        if body.startswith("!") and not body.startswith("!="):
-            call = "__pvisor_shell__(%r)" % body[1:]
-        elif body.startswith("%") and body[1:2].isalpha():
-            call = "__pvisor_magic__(%r)" % body[1:]
-        else:
-            continue
-        lines[index] = indent + call + line[len(indent) + len(body) :]
-        changed = True
-    return "".join(lines) if changed else None
 
 
 def _parse(source, filename):
@@ -549,6 +706,29 @@ def _run_cell(source, namespace):
     """Compile and run one cell; emits its results. Raises what the cell raised."""
     filename = "<cell-%d>" % _State.count
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    magic = _split_cell_magic(source)
+    if magic is None:
+        value = _run_python(source, filename, namespace)
+    elif magic[0].split(" ", 1)[0] == "time":
+        # %%time: the rest of the cell is an ordinary cell (its line numbers kept), timed.
+        started = _clock()
+        try:
+            value = _run_python(source[: source.index("%%")] + "\n" + magic[1], filename, namespace)
+        finally:
+            _print_times(started)
+    else:
+        value = _cell_magic(*magic)
+    if value is not None:
+        builtins._ = value
+        if _is_figure(value):
+            _State.shown_figures.add(id(value))
+    _flush_figures()
+    if value is not None:
+        _emit_result(value, True)
+
+
+def _run_python(source, filename, namespace):
+    """Run a cell's Python code; the value of its last expression (None if it has none)."""
     tree = _parse(source, filename)
     body = tree.body
     last = None
@@ -558,16 +738,9 @@ def _run_cell(source, namespace):
         module = ast.Module(body=body)
         module.type_ignores = []
         _run(_compile(module, filename, "exec"), namespace)
-    value = None
-    if last is not None:
-        value = _run(_compile(ast.Expression(body=last.value), filename, "eval"), namespace)
-        if value is not None:
-            builtins._ = value
-            if _is_figure(value):
-                _State.shown_figures.add(id(value))
-    _flush_figures()
-    if value is not None:
-        _emit_result(value, True)
+    if last is None:
+        return None
+    return _run(_compile(ast.Expression(body=last.value), filename, "eval"), namespace)
 
 
 def _user_traceback(tb):
@@ -614,6 +787,7 @@ def _execute(request, namespace):
     """One `exec` request: run the cell, then `error` if it raised, then `done`."""
     _State.count += 1
     _State.active = True
+    _State.pending_interrupt = False
     failure = None
     source = request.get("code") if isinstance(request, dict) else None
     _State.shown_figures = set()
@@ -655,9 +829,11 @@ def main():
     _in_fd = _move_control_fd(_CONTROL_IN_FD)
     _out_fd = _move_control_fd(_CONTROL_OUT_FD)
     signal.signal(signal.SIGINT, _on_sigint)
+    namespace = _user_namespace()
     builtins.display = display
     builtins.__pvisor_shell__ = _shell_escape
     builtins.__pvisor_magic__ = _magic
+    _State.namespace = namespace
     hooks = {
         "matplotlib.pyplot": _patch_pyplot,
         "IPython.core.display_functions": _patch_ipython_display,
@@ -666,7 +842,6 @@ def main():
     sys.meta_path.insert(0, _PostImportHooks(hooks))
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_forget_control_fds)
-    namespace = _user_namespace()
     version = "%d.%d.%d" % sys.version_info[:3]
     _send({"t": "ready", "version": version})
     for line in _read_requests(_in_fd):
