@@ -23,7 +23,11 @@ backend does. ``display(*objs)`` is a builtin. SIGINT interrupts a running cell
 with ``KeyboardInterrupt`` and is ignored while idle; ``SystemExit`` in a cell
 is reported as an error and the context lives on; EOF on fd 3 ends the driver.
 
-Written for Python 3.7+ syntax; heavy modules (asyncio, traceback, pprint,
+A cell that is not valid Python gets IPython's escapes: ``!cmd`` (and
+``x = !cmd``), the line magics ``%pip %cd %pwd %env %time %timeit`` (and
+``%matplotlib`` as a no-op), the cell magics ``%%bash %%sh %%writefile %%time``.
+
+Written for Python 3.7+ syntax (top-level ``await`` needs 3.8); heavy modules (asyncio, traceback, pprint,
 tokenize) are imported only when a cell needs them, to keep start-up short.
 """
 
@@ -93,7 +97,11 @@ _out_lock = threading.Lock()
 
 def _move_control_fd(fd):
     """Duplicate `fd` close-on-exec above the usual fds and close the original."""
-    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _CONTROL_FD_FLOOR)
+    try:
+        moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _CONTROL_FD_FLOOR)
+    except OSError:  # a tiny RLIMIT_NOFILE: keep the fd where it is, close-on-exec
+        os.set_inheritable(fd, False)
+        return fd
     os.close(fd)
     return moved
 
@@ -213,18 +221,38 @@ def _warn(what, exc):
         pass
 
 
-def _call_repr_method(obj, name):
-    method = getattr(obj, name, None)
-    if method is None or not callable(method):
+def _hook(obj, name):
+    """The bound display hook `name` of `obj`, or None (also when looking it up fails)."""
+    try:
+        method = getattr(obj, name, None)
+    except Exception:
+        return None
+    return method if callable(method) else None
+
+
+def _call_hook(obj, name, *args, **kwargs):
+    """Call a display hook; a broken one only loses its MIME types (with a note on stderr)."""
+    method = _hook(obj, name)
+    if method is None:
         return None
     try:
-        value = method()
-    except Exception as exc:  # a broken display hook drops its MIME type only
+        value = method(*args, **kwargs)
+    except Exception as exc:
         _warn("%s.%s()" % (type(obj).__name__, name), exc)
         return None
     if isinstance(value, tuple) and len(value) == 2:  # (data, metadata)
         value = value[0]
     return value
+
+
+def _add_bundle(data, bundle):
+    """Encode the MIME types of `bundle` not yet in `data`."""
+    for mime, value in bundle.items():
+        mime = str(mime)
+        if mime not in data:
+            encoded = _encode(mime, value)
+            if encoded is not None:
+                data[mime] = encoded
 
 
 def _plain_text(obj):
@@ -261,30 +289,14 @@ def _format(obj):
     data = {}
     # Classes carry the hooks as plain functions, and objects that answer every
     # attribute (mocks, proxies) would answer them too: both get repr only.
-    rich = not isinstance(obj, type) and not hasattr(obj, "_ipython_canary_method_should_not_exist_")
+    rich = not isinstance(obj, type) and _hook(obj, "_ipython_canary_method_should_not_exist_") is None
     if rich:
-        bundle = None
-        method = getattr(obj, "_repr_mimebundle_", None)
-        if method is not None and callable(method):
-            try:
-                bundle = method(include=None, exclude=None)
-            except TypeError:
-                try:
-                    bundle = method()
-                except Exception as exc:
-                    _warn("%s._repr_mimebundle_()" % type(obj).__name__, exc)
-            except Exception as exc:
-                _warn("%s._repr_mimebundle_()" % type(obj).__name__, exc)
-        if isinstance(bundle, tuple) and len(bundle) == 2:
-            bundle = bundle[0]
+        bundle = _call_hook(obj, "_repr_mimebundle_", include=None, exclude=None)
         if isinstance(bundle, dict):
-            for mime, value in bundle.items():
-                encoded = _encode(str(mime), value)
-                if encoded is not None:
-                    data[str(mime)] = encoded
+            _add_bundle(data, bundle)
         for name, mime in _REPR_METHODS:
             if mime not in data:
-                encoded = _encode(mime, _call_repr_method(obj, name))
+                encoded = _encode(mime, _call_hook(obj, name))
                 if encoded is not None:
                     data[mime] = encoded
         if "image/png" not in data and _is_figure(obj):
@@ -298,11 +310,15 @@ def _format(obj):
 
 
 def _emit_result(obj, main):
-    if not _State.active:
-        return  # display() from a thread after its cell ended: no run to attach it to
     if _is_figure(obj) and _State.shown_figures is not None:
         _State.shown_figures.add(id(obj))
-    _send({"t": "result", "data": _format(obj), "main": main})
+    _emit_bundle(_format(obj), main)
+
+
+def _emit_bundle(data, main):
+    if not _State.active:
+        return  # display() from a thread after its cell ended: no run to attach it to
+    _send({"t": "result", "data": data, "main": main})
 
 
 def display(*objs, **kwargs):
@@ -315,12 +331,9 @@ def display(*objs, **kwargs):
     for obj in objs:
         if raw and isinstance(obj, dict):
             data = {}
-            for mime, value in obj.items():
-                encoded = _encode(str(mime), value)
-                if encoded is not None:
-                    data[str(mime)] = encoded
+            _add_bundle(data, obj)
             data.setdefault("text/plain", "")
-            _send({"t": "result", "data": data, "main": False})
+            _emit_bundle(data, False)
         else:
             _emit_result(obj, False)
 
@@ -552,7 +565,9 @@ def _magic(line):
         return _magic_timeit(args)
     if name in _IGNORED_MAGICS:
         return None
-    raise UsageError("Line magic function `%%%s` not found (pvisor has %%pip, %%cd, %%pwd, %%env, %%time, %%timeit)." % name)
+    raise UsageError(
+        "Line magic function `%%%s` not found (pvisor has %%pip, %%cd, %%pwd, %%env, %%time, %%timeit)." % name
+    )
 
 
 def _cell_magic(line, body):
@@ -808,7 +823,9 @@ def _execute(request, namespace):
         except Exception:
             pass
         message = _error_message(failure)
+        # For pdb.pm() and friends, as the interactive interpreter does.
         sys.last_type, sys.last_value, sys.last_traceback = type(failure), failure, failure.__traceback__
+        sys.last_exc = failure
         _send(message)
     _State.shown_figures = None
     _restore_sigint()
