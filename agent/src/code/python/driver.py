@@ -257,7 +257,9 @@ def _add_bundle(data, bundle):
 
 def _plain_text(obj):
     text = repr(obj)
-    if len(text) > 79 and type(obj) in (list, tuple, dict, set, frozenset):
+    # Long builtin containers are pretty-printed, as IPython does (up to a size where
+    # pprint's own cost would show).
+    if 79 < len(text) < 100000 and type(obj) in (list, tuple, dict, set, frozenset):
         try:
             import pprint
 
