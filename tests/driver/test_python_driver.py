@@ -120,6 +120,13 @@ def test_future_import_carries_to_later_cells(driver):
     assert driver.run("def f(x: Undefined) -> int:\n    return x\nf.__annotations__['x']").value == "'Undefined'"
 
 
+def test_cell_sources_are_in_linecache(driver):
+    driver.run("def answer():\n    return 42")
+    assert driver.run("import inspect\ninspect.getsource(answer)").value == repr("def answer():\n    return 42\n")
+    cell = driver.run("import warnings\nwarnings.warn('careful')")
+    assert "<cell-3>:2: UserWarning: careful" in cell.stderr
+
+
 def test_long_containers_are_pretty_printed(driver):
     value = driver.run("list(range(40))").value
     assert value.count("\n") > 3 and value.replace("\n", "").replace(" ", "") == str(list(range(40))).replace(" ", "")

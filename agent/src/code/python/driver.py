@@ -722,7 +722,10 @@ def _run(code, namespace):
 def _run_cell(source, namespace):
     """Compile and run one cell; emits its results. Raises what the cell raised."""
     filename = "<cell-%d>" % _State.count
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    lines = source.splitlines(True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"  # as a file's last line reads (inspect.getsource)
+    linecache.cache[filename] = (len(source), None, lines, filename)
     magic = _split_cell_magic(source)
     if magic is None:
         value = _run_python(source, filename, namespace)
