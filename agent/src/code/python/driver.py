@@ -31,6 +31,7 @@ Written for Python 3.7+ syntax (top-level ``await`` needs 3.8); heavy modules (a
 tokenize) are imported only when a cell needs them, to keep start-up short.
 """
 
+import __future__
 import ast
 import builtins
 import fcntl
@@ -51,7 +52,7 @@ _CONTROL_FD_FLOOR = 64
 _CO_COROUTINE = 0x0080  # inspect.CO_COROUTINE, without importing inspect
 _TOP_LEVEL_AWAIT = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
 # Flags of the `from __future__` features a cell can switch on for later cells.
-_FUTURE_MASK = getattr(getattr(__import__("__future__"), "annotations", None), "compiler_flag", 0)
+_FUTURE_MASK = getattr(getattr(__future__, "annotations", None), "compiler_flag", 0)
 
 # MIME types whose values travel base64-encoded.
 _BINARY_MIMES = ("image/png", "image/jpeg", "image/gif", "application/pdf")
@@ -420,13 +421,6 @@ class _PostImportHooks:
         except Exception:
             return spec
         return spec
-
-    # Python 3.7-3.9 still consult these on meta-path finders.
-    def find_module(self, fullname, path=None):
-        return None
-
-    def invalidate_caches(self):
-        pass
 
 
 # --------------------------------------------------- IPython-style escapes
