@@ -534,9 +534,11 @@ def _magic_pip(args):
     import shlex
     import subprocess
 
+    words = shlex.split(_expand(args))
     _flush_user_streams()
-    subprocess.call([sys.executable, "-m", "pip"] + shlex.split(_expand(args)))
-    print("Note: you may need to restart the context to use updated packages.")
+    status = subprocess.call([sys.executable, "-m", "pip"] + words)
+    if status == 0 and words[:1] in (["install"], ["uninstall"]):
+        print("Note: you may need to restart the context to use updated packages.")
 
 
 # Magics that mean nothing here (the inline plotting they ask for is always on).
