@@ -133,7 +133,11 @@ async fn start_until(c: &mut AgentClient<Channel>, ctx: &str, code: &str, marker
     let mut s = c.run_code(req(ctx, code)).await.unwrap().into_inner();
     let mut seen = String::new();
     while !seen.contains(marker) {
-        let ev = tokio::time::timeout(HANG, s.message()).await.expect("hung").unwrap().expect("ended early");
+        let ev = tokio::time::timeout(HANG, s.message())
+            .await
+            .unwrap_or_else(|_| panic!("hung before {marker:?}: {seen:?}"))
+            .unwrap()
+            .expect("ended early");
         match ev.kind.unwrap() {
             Kind::Stdout(t) => seen.push_str(&t),
             Kind::Error(e) => panic!("cell failed: {e:?}"),
@@ -401,7 +405,8 @@ async fn javascript_contexts_keep_state_and_report_results_errors_and_interrupts
     let s = start_until(c, &ctx, "console.log('wait'); await new Promise(() => {})", "wait").await;
     c.interrupt_code(ContextRef { id: ctx.clone() }).await.unwrap();
     assert_eq!(collect_rest(s).await.ename(), "KeyboardInterrupt");
-    assert_eq!(run(c, &ctx, "a").await.texts(), vec!["40"]);
+    let r = run(c, &ctx, "a").await;
+    assert_eq!(r.texts(), vec!["40"], "{r:?}");
 }
 
 #[tokio::test]

@@ -31,6 +31,8 @@ pub struct DriverSpec {
     pub argv: Vec<String>,
     pub envs: BTreeMap<String, String>,
     pub cwd: String,
+    /// Repeat SIGINT until the cell ends (see [`INTERRUPT_REPEAT`](super::run::INTERRUPT_REPEAT)).
+    pub repeat_interrupt: bool,
 }
 
 /// A running driver.
@@ -43,6 +45,7 @@ pub struct Driver {
     exit: oneshot::Receiver<i32>,
     /// The execution count of the last finished cell.
     pub count: u32,
+    pub repeat_interrupt: bool,
 }
 
 /// A control message, or a line that was not one.
@@ -83,6 +86,7 @@ impl Driver {
             stderr: sp.stderr,
             exit: sp.exit,
             count: 0,
+            repeat_interrupt: spec.repeat_interrupt,
         };
         match tokio::time::timeout(START_TIMEOUT, d.wait_ready()).await {
             Ok(Ok(())) => Ok(d),
