@@ -7,6 +7,7 @@ matplotlib and pandas cases run only when the driver's interpreter has them (vis
 """
 
 import base64
+import functools
 import json
 import subprocess
 
@@ -22,6 +23,7 @@ def driver():
     d.stop()
 
 
+@functools.lru_cache(maxsize=None)
 def driver_version():
     probe = subprocess.run([interpreter(), "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True)
     return tuple(int(part) for part in probe.stdout.split())
@@ -31,9 +33,15 @@ def driver_version():
 needs_await = pytest.mark.skipif(driver_version() < (3, 8), reason="top-level await needs Python 3.8+")
 
 
+@functools.lru_cache(maxsize=None)
 def has_module(name):
     probe = subprocess.run([interpreter(), "-c", "import " + name], capture_output=True)
     return probe.returncode == 0
+
+
+def require(module):
+    if not has_module(module):
+        pytest.skip("%s is not importable by the driver's interpreter %s" % (module, interpreter()))
 
 
 def stdout_before(cell, predicate):
@@ -451,11 +459,6 @@ def test_eof_on_the_control_pipe_exits_zero(driver):
 
 
 # ------------------------------------------------------------------ matplotlib and pandas
-
-
-def require(module):
-    if not has_module(module):
-        pytest.skip("%s is not importable by the driver's interpreter %s" % (module, interpreter()))
 
 
 def png(result):
