@@ -283,6 +283,22 @@ async fn collect_rest(mut s: tonic::Streaming<CodeEvent>) -> Run {
 }
 
 #[tokio::test]
+async fn a_run_whose_client_went_away_goes_on() {
+    let mut a = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("flag");
+    let ctx = create(&mut a.client, "python").await;
+    let code = format!(
+        "import os, time\nprint('on', flush=True)\nwhile not os.path.exists({:?}): time.sleep(0.01)\nx = 'finished'",
+        flag.to_str().unwrap()
+    );
+    drop(start_until(&mut a.client, &ctx, &code, "on").await);
+    std::fs::write(&flag, b"").unwrap();
+    // The next run waits for the abandoned one, which ran to its end.
+    assert_eq!(run(&mut a.client, &ctx, "x").await.texts(), vec!["'finished'"]);
+}
+
+#[tokio::test]
 async fn an_interrupt_stops_the_cell_and_keeps_the_context() {
     let mut a = start().await;
     let c = &mut a.client;
