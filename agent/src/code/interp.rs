@@ -44,6 +44,11 @@ impl Interp {
         ev.start_clock();
         if slot.is_none() {
             match Driver::start(&self.spec, &self.cfg).await {
+                // Deleted while the driver started (close() waits for this lock).
+                Ok(d) if self.deleted.load(Ordering::SeqCst) => {
+                    d.kill().await;
+                    return ev.error(ename::DELETED, "the context was deleted", vec![], 0).await;
+                }
                 Ok(d) => {
                     self.pgid.store(d.pid, Ordering::SeqCst);
                     *slot = Some(d);

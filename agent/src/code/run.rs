@@ -4,6 +4,9 @@
 //! Ordering: the driver flushes fds 1/2 before each control message, so on
 //! reading one the agent first drains what fds 1/2 hold (non-blocking) and
 //! emits it; output thus keeps its place relative to results and the end.
+//! (Output written *right after* a `display()` can still overtake it: if it
+//! is already in the pipe when the agent reads the result, it is drained
+//! first. Nothing on two pipes can order that exactly.)
 //! Both output pipes are read while the cell runs, so a cell writing a lot
 //! to either never blocks on a full pipe. Chunks are at most [`CHUNK`] bytes.
 use super::driver::{Control, Driver};
