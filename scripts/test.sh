@@ -18,6 +18,8 @@ log "cargo test"
 # Every prerequisite is provided here, so a test missing one fails instead of
 # printing SKIP (pvisor-testkit); tests that cannot run on these hosts are #[ignore]d.
 PVISOR_TEST_STRICT=1 PVISOR_TEST_IMAGES=$TEST_IMAGES PVISOR_DIST=$DIST cargo test --locked --workspace -- --test-threads=2
+log "Python interpreter driver (tests/driver)"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/driver
 log "end-to-end suite (official SDK)"
 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/e2e \
     --ignore=tests/e2e/test_network.py
