@@ -4,11 +4,13 @@
 //! ns backend's namespace jail today, a microVM's init later). It serves the
 //! `pvisor.agent.v1.Agent` gRPC service over one inherited stream, reaps
 //! orphans, runs commands and sessions, does file operations and tunnels TCP
-//! connections to ports inside the sandbox.
+//! connections to ports inside the sandbox, and serves the code
+//! interpreter's persistent contexts ([`code`]).
 //!
 //! The sandbox's root *is* the agent's `/`: the backend pivot_roots before the
 //! agent starts, so no path, `..` or symlink the agent follows can leave it.
 
+pub mod code;
 pub mod commands;
 pub mod config;
 pub mod error;

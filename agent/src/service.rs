@@ -1,7 +1,8 @@
 //! The `pvisor.agent.v1.Agent` gRPC service: a thin mapping onto
 //! [`commands`](crate::commands), [`session`](crate::session),
-//! [`files`](crate::files) (as another identity: [`identity`](crate::identity))
-//! and [`tunnel`](crate::tunnel).
+//! [`files`](crate::files) (as another identity: [`identity`](crate::identity)),
+//! [`tunnel`](crate::tunnel) and the code interpreter ([`code`](crate::code)).
+use crate::code::Contexts;
 use crate::commands::Commands;
 use crate::config::AgentConfig;
 use crate::files;
@@ -21,6 +22,7 @@ pub struct Configured {
     pub config: Arc<AgentConfig>,
     pub commands: Arc<Commands>,
     pub sessions: Arc<Sessions>,
+    pub code: Arc<Contexts>,
 }
 
 /// The service. It starts unconfigured: until `Configure` arrives only
@@ -51,9 +53,11 @@ impl AgentService {
         let state = self.state.get_or_init(|| {
             applied = true;
             let config = Arc::new(cfg.clone());
+            let sessions = Arc::new(Sessions::new(config.clone()));
             Configured {
                 commands: Commands::new(config.clone()),
-                sessions: Arc::new(Sessions::new(config.clone())),
+                code: Arc::new(Contexts::new(config.clone(), sessions.clone())),
+                sessions,
                 config,
             }
         });
@@ -64,6 +68,8 @@ impl AgentService {
                 Err(Status::failed_precondition("the agent was already configured differently"))
             };
         }
+        // Inside the sandbox now (its network namespace, or the guest).
+        crate::code::readiness::spawn();
         if !cfg.entrypoint.is_empty() {
             let req = ExecRequest { argv: cfg.entrypoint.clone(), background: true, ..Default::default() };
             let (tx, _rx) = mpsc::channel(1);
@@ -80,6 +86,10 @@ impl AgentService {
 
     fn sessions(&self) -> Result<&Arc<Sessions>, Status> {
         Ok(&self.configured()?.sessions)
+    }
+
+    fn code(&self) -> Result<&Arc<Contexts>, Status> {
+        Ok(&self.configured()?.code)
     }
 }
 
@@ -300,33 +310,39 @@ impl Agent for AgentService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    // Code interpreter (issue 11): stubs until `crate::code` lands.
-    async fn create_context(&self, _: Request<CreateContextRequest>) -> Res<CodeContext> {
-        Err(Status::unimplemented("code interpreter"))
+    // Code interpreter (issue 11): `crate::code`.
+    async fn create_context(&self, req: Request<CreateContextRequest>) -> Res<CodeContext> {
+        let r = req.into_inner();
+        Ok(Response::new(self.code()?.create(&r.language, &r.cwd)?))
     }
 
-    async fn get_context(&self, _: Request<ContextRef>) -> Res<CodeContext> {
-        Err(Status::unimplemented("code interpreter"))
+    async fn get_context(&self, req: Request<ContextRef>) -> Res<CodeContext> {
+        Ok(Response::new(self.code()?.get(&req.into_inner().id)?.describe()))
     }
 
-    async fn list_contexts(&self, _: Request<ListContextsRequest>) -> Res<ContextList> {
-        Err(Status::unimplemented("code interpreter"))
+    async fn list_contexts(&self, req: Request<ListContextsRequest>) -> Res<ContextList> {
+        Ok(Response::new(ContextList { contexts: self.code()?.list(&req.into_inner().language) }))
     }
 
-    async fn delete_context(&self, _: Request<ContextRef>) -> Res<Empty> {
-        Err(Status::unimplemented("code interpreter"))
+    async fn delete_context(&self, req: Request<ContextRef>) -> Res<Empty> {
+        self.code()?.delete(&req.into_inner().id).await?;
+        Ok(Response::new(Empty {}))
     }
 
-    async fn delete_contexts(&self, _: Request<ListContextsRequest>) -> Res<Empty> {
-        Err(Status::unimplemented("code interpreter"))
+    async fn delete_contexts(&self, req: Request<ListContextsRequest>) -> Res<Empty> {
+        self.code()?.delete_language(&req.into_inner().language).await?;
+        Ok(Response::new(Empty {}))
     }
 
     type RunCodeStream = Stream<CodeEvent>;
-    async fn run_code(&self, _: Request<RunCodeRequest>) -> Res<Self::RunCodeStream> {
-        Err(Status::unimplemented("code interpreter"))
+    async fn run_code(&self, req: Request<RunCodeRequest>) -> Res<Self::RunCodeStream> {
+        let (tx, rx) = mpsc::channel(64);
+        self.code()?.run(req.into_inner(), tx)?;
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn interrupt_code(&self, _: Request<ContextRef>) -> Res<Empty> {
-        Err(Status::unimplemented("code interpreter"))
+    async fn interrupt_code(&self, req: Request<ContextRef>) -> Res<Empty> {
+        self.code()?.interrupt(&req.into_inner().id)?;
+        Ok(Response::new(Empty {}))
     }
 }

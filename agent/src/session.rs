@@ -109,6 +109,26 @@ impl Sessions {
         self.get(id).map(|_| ())
     }
 
+    /// Sends SIGINT to the session's shell and what it runs (one process group).
+    pub fn interrupt(&self, id: &str) -> Result<()> {
+        let pgid = self.get(id)?.pgid.load(std::sync::atomic::Ordering::SeqCst);
+        if pgid > 0 {
+            // SAFETY: kill(2) with a negative pid signals a process group; no memory is involved.
+            unsafe {
+                libc::kill(-pgid, libc::SIGINT);
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills the session's shell and what it runs; a running command ends as
+    /// if its shell exited, and the next run starts a fresh shell.
+    pub async fn kill_shell(&self, id: &str) -> Result<()> {
+        let pgid = self.get(id)?.pgid.load(std::sync::atomic::Ordering::SeqCst);
+        crate::spawn::kill_group(pgid).await;
+        Ok(())
+    }
+
     pub async fn delete(&self, id: &str) -> Result<()> {
         let s = self
             .table

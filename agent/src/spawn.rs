@@ -3,6 +3,7 @@ use crate::config::{AgentConfig, ImageDefaults};
 use crate::error::{AgentError, Result};
 use crate::{passwd, reaper};
 use std::collections::BTreeMap;
+use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use tokio::net::unix::pipe;
@@ -18,6 +19,10 @@ pub struct SpawnSpec {
     pub gid: Option<u32>,
     /// Give the process a stdin pipe instead of /dev/null.
     pub stdin_pipe: bool,
+    /// More descriptors for the child: `(fd in the agent, fd number in the
+    /// child)`. The agent's fds stay open (and close-on-exec) in the agent;
+    /// the caller keeps them open until [`spawn`] returns.
+    pub extra_fds: Vec<(RawFd, RawFd)>,
 }
 
 impl SpawnSpec {
@@ -59,11 +64,31 @@ fn identity(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Option<(u32, u32)>> {
         .ok_or_else(|| AgentError::InvalidArgument(format!("image user {:?} not found", cfg.user)))
 }
 
-/// The environment: image env, then HOME/USER of the identity, then request envs.
-fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> BTreeMap<String, String> {
+/// `PATH` of commands when the image sets none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The image's environment as a map, `PATH` defaulted.
+fn image_env(cfg: &AgentConfig) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> =
         cfg.env.iter().filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect();
-    env.entry("PATH".into()).or_insert_with(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    env.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
+    env
+}
+
+/// Where `program` is found on the `PATH` sandbox commands get (the image's,
+/// else [`DEFAULT_PATH`]): the first executable regular file.
+pub fn find_program(cfg: &AgentConfig, program: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = image_env(cfg).remove("PATH").unwrap_or_default();
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| std::path::Path::new(d).join(program))
+        .find(|p| std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false))
+}
+
+/// The environment: image env, then HOME/USER of the identity, then request envs.
+fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> BTreeMap<String, String> {
+    let mut env = image_env(cfg);
     let uid = id.map(|(u, _)| u).unwrap_or(0);
     if let Some(u) = passwd::user_by_uid(uid) {
         env.entry("HOME".into()).or_insert(u.home);
@@ -78,6 +103,9 @@ fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> B
 /// Spawns the process in its own process group with stdin from /dev/null and
 /// stdout/stderr on pipes; it is reaped by [`reaper`].
 pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
+    if spec.extra_fds.len() > 8 {
+        return Err(AgentError::InvalidArgument("at most 8 extra descriptors".into()));
+    }
     let id = identity(spec, cfg)?;
     let env = environment(spec, cfg, id);
     let cwd = if spec.cwd.is_empty() { cfg.workdir().to_string() } else { spec.cwd.clone() };
@@ -99,13 +127,17 @@ pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
     // privilege, so this works even where the host forbids lowering scores),
     // which makes them the memory cgroup's victims before the agent or worker.
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // setrlimit/open/write/close syscalls on a local struct and a static path.
+    // setrlimit/setpriority/signal/open/write/close syscalls on a local struct
+    // and a static path (all async-signal-safe).
     unsafe {
         cmd.pre_exec(|| {
             let lim = libc::rlimit { rlim_cur: COMMAND_MEMLOCK, rlim_max: COMMAND_MEMLOCK };
             libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim);
             // The agent may run at nice -20 (see the worker's harden module).
             libc::setpriority(libc::PRIO_PROCESS, 0, 0);
+            // Interrupts must reach commands (and interpreter drivers) even
+            // if the agent was started with SIGINT ignored.
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
             let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
             if fd >= 0 {
                 libc::write(fd, COMMAND_OOM_SCORE_ADJ.as_ptr().cast(), COMMAND_OOM_SCORE_ADJ.len());
@@ -113,6 +145,33 @@ pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
             }
             Ok(())
         });
+    }
+    if !spec.extra_fds.is_empty() {
+        let fds = spec.extra_fds.clone();
+        // SAFETY: the closure runs in the forked child before exec and calls
+        // only fcntl/dup2/close on integers. Each source is first copied above
+        // every target, so a source whose number is another's target is not
+        // overwritten before it is moved; dup2 leaves the target inheritable.
+        unsafe {
+            cmd.pre_exec(move || {
+                let floor = fds.iter().map(|&(_, to)| to).max().unwrap_or(2) + 1;
+                let mut moved = [(-1, -1); 8];
+                for (slot, &(from, to)) in moved.iter_mut().zip(fds.iter()) {
+                    let high = libc::fcntl(from, libc::F_DUPFD_CLOEXEC, floor);
+                    if high < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    *slot = (high, to);
+                }
+                for &(high, to) in moved.iter().filter(|(h, _)| *h >= 0) {
+                    if libc::dup2(high, to) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(high);
+                }
+                Ok(())
+            });
+        }
     }
     if let Some((uid, gid)) = id {
         // SAFETY: the closure runs in the forked child before exec and calls only
