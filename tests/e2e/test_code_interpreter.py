@@ -242,6 +242,60 @@ def test_stream_events_order_and_pings(tools_sb):
     assert kinds.index("stdout") < i, kinds
 
 
+def test_contexts_run_in_parallel(ci):
+    """A waits for a file B creates: serialized runs would leave A waiting out its bound."""
+    a = ci.codes.create_context("python")
+    b = ci.codes.create_context("python")
+    started = threading.Event()
+    box: dict = {}
+    code_a = ("import os, time\nprint('waiting', flush=True)\nfor _ in range(600):\n"
+              "    if os.path.exists('/tmp/parallel-b'):\n        break\n    time.sleep(0.05)\n"
+              "os.path.exists('/tmp/parallel-b')")
+
+    def run_a():
+        box["ex"] = ci.codes.run(code_a, context=a, handlers=ExecutionHandlersSync(on_stdout=lambda m: started.set()))
+
+    t = threading.Thread(target=run_a, daemon=True)
+    t.start()
+    assert started.wait(30), "context A never started"
+    ok(ci.codes.run("open('/tmp/parallel-b', 'w').close()", context=b))
+    t.join(60)
+    assert not t.is_alive()
+    assert texts(ok(box["ex"])) == ["True"], explain(box["ex"])
+
+
+def test_a_busy_context_runs_the_next_cell_after_the_current_one(ci):
+    ctx = ci.codes.create_context("python")
+    started = threading.Event()
+    box: dict = {}
+
+    def first():
+        code = "import time\nprint('first', flush=True)\ntime.sleep(1)\norder = ['first']"
+        box["ex"] = ci.codes.run(code, context=ctx, handlers=ExecutionHandlersSync(on_stdout=lambda m: started.set()))
+
+    t = threading.Thread(target=first, daemon=True)
+    t.start()
+    assert started.wait(30), "the first cell never started"
+    ex = ok(ci.codes.run("order.append('second')\norder", context=ctx))
+    t.join(30)
+    ok(box["ex"])
+    assert texts(ex) == ["['first', 'second']"], explain(ex)
+
+
+def test_a_client_disconnect_does_not_stop_the_run(tools_sb, ci):
+    ctx = ci.codes.create_context("python")
+    url, headers = dataplane(tools_sb)
+    code = "import time\ntime.sleep(1)\nopen('/tmp/after-disconnect', 'w').write('done')"
+    body = {"code": code, "context": {"language": "python", "id": ctx.id}}
+    with httpx.Client(timeout=30) as c, c.stream("POST", f"{url}/code", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        first = json.loads(next(r.iter_lines()).removeprefix("data:").strip())
+        assert first["type"] == "init", first
+    # the stream is closed; the cell goes on, and the context takes the next run after it
+    ex = ok(ci.codes.run("open('/tmp/after-disconnect').read()", context=ctx))
+    assert texts(ex) == ["'done'"], explain(ex)
+
+
 # ---------------------------------------------------------------- bash, errors
 
 
