@@ -204,6 +204,29 @@ def test_interrupt_a_busy_loop_and_reuse_the_context(ci):
     assert texts(ok(ci.codes.run("kept", context=ctx))) == ["'state'"]
 
 
+@pytest.mark.deadline(120)
+def test_a_cell_ignoring_the_interrupt_is_killed_and_its_context_restarted(ci):
+    ctx = ci.codes.create_context("python")
+    ok(ci.codes.run("lost = 1", context=ctx))
+    started = threading.Event()
+    box: dict = {}
+
+    def stubborn():
+        code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('deaf', flush=True)\nwhile True:\n    pass"
+        box["ex"] = ci.codes.run(code, context=ctx, handlers=ExecutionHandlersSync(on_stdout=lambda m: started.set()))
+
+    t = threading.Thread(target=stubborn, daemon=True)
+    t.start()
+    assert started.wait(30), "the cell never printed"
+    ci.codes.interrupt(ctx.id)
+    t.join(60)
+    assert not t.is_alive(), "the killed run's stream did not close"
+    assert box["ex"].error is not None and box["ex"].error.name == "ContextRestarted", explain(box["ex"])
+    ex = ci.codes.run("lost", context=ctx)
+    assert ex.error is not None and ex.error.name == "NameError", f"a fresh interpreter: {explain(ex)}"
+    assert texts(ok(ci.codes.run("1 + 1", context=ctx))) == ["2"]
+
+
 def test_matplotlib_figure_is_a_png_result(tools_sb, ci):
     ctx = ci.codes.create_context("python")
     code = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2, 3], [1, 4, 9])\nfig"
