@@ -133,7 +133,11 @@ async fn start_until(c: &mut AgentClient<Channel>, ctx: &str, code: &str, marker
     let mut s = c.run_code(req(ctx, code)).await.unwrap().into_inner();
     let mut seen = String::new();
     while !seen.contains(marker) {
-        let ev = tokio::time::timeout(HANG, s.message()).await.expect("hung").unwrap().expect("ended early");
+        let ev = tokio::time::timeout(HANG, s.message())
+            .await
+            .unwrap_or_else(|_| panic!("hung before {marker:?}: {seen:?}"))
+            .unwrap()
+            .expect("ended early");
         match ev.kind.unwrap() {
             Kind::Stdout(t) => seen.push_str(&t),
             Kind::Error(e) => panic!("cell failed: {e:?}"),
@@ -279,6 +283,22 @@ async fn collect_rest(mut s: tonic::Streaming<CodeEvent>) -> Run {
 }
 
 #[tokio::test]
+async fn a_run_whose_client_went_away_goes_on() {
+    let mut a = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("flag");
+    let ctx = create(&mut a.client, "python").await;
+    let code = format!(
+        "import os, time\nprint('on', flush=True)\nwhile not os.path.exists({:?}): time.sleep(0.01)\nx = 'finished'",
+        flag.to_str().unwrap()
+    );
+    drop(start_until(&mut a.client, &ctx, &code, "on").await);
+    std::fs::write(&flag, b"").unwrap();
+    // The next run waits for the abandoned one, which ran to its end.
+    assert_eq!(run(&mut a.client, &ctx, "x").await.texts(), vec!["'finished'"]);
+}
+
+#[tokio::test]
 async fn an_interrupt_stops_the_cell_and_keeps_the_context() {
     let mut a = start().await;
     let c = &mut a.client;
@@ -401,7 +421,8 @@ async fn javascript_contexts_keep_state_and_report_results_errors_and_interrupts
     let s = start_until(c, &ctx, "console.log('wait'); await new Promise(() => {})", "wait").await;
     c.interrupt_code(ContextRef { id: ctx.clone() }).await.unwrap();
     assert_eq!(collect_rest(s).await.ename(), "KeyboardInterrupt");
-    assert_eq!(run(c, &ctx, "a").await.texts(), vec!["40"]);
+    let r = run(c, &ctx, "a").await;
+    assert_eq!(r.texts(), vec!["40"], "{r:?}");
 }
 
 #[tokio::test]

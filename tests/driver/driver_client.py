@@ -6,7 +6,8 @@ process group, MPLBACKEND=Agg) and reads the pipes the way the agent must: on ea
 message it first drains whatever is readable on fds 1/2 without blocking, so the events it
 records keep the order the protocol promises.
 
-Environment: PVISOR_DRIVER_PYTHON picks the interpreter (default: `python3` on PATH).
+Environment: PVISOR_DRIVER_PYTHON picks the interpreter (default: /usr/bin/python3, else
+`python3` on PATH).
 """
 
 import fcntl
@@ -24,7 +25,9 @@ WAIT = 60.0
 
 
 def interpreter():
-    python = os.environ.get("PVISOR_DRIVER_PYTHON") or shutil.which("python3")
+    """The driver's interpreter: the system's own python3 (Debian's, as in the images) by default."""
+    system = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else None
+    python = os.environ.get("PVISOR_DRIVER_PYTHON") or system or shutil.which("python3")
     if not python:
         raise RuntimeError("no python3 on PATH (set PVISOR_DRIVER_PYTHON)")
     return python

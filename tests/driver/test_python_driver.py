@@ -7,6 +7,7 @@ matplotlib and pandas cases run only when the driver's interpreter has them (vis
 """
 
 import base64
+import functools
 import json
 import subprocess
 
@@ -22,6 +23,7 @@ def driver():
     d.stop()
 
 
+@functools.lru_cache(maxsize=None)
 def driver_version():
     probe = subprocess.run([interpreter(), "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True)
     return tuple(int(part) for part in probe.stdout.split())
@@ -31,9 +33,15 @@ def driver_version():
 needs_await = pytest.mark.skipif(driver_version() < (3, 8), reason="top-level await needs Python 3.8+")
 
 
+@functools.lru_cache(maxsize=None)
 def has_module(name):
     probe = subprocess.run([interpreter(), "-c", "import " + name], capture_output=True)
     return probe.returncode == 0
+
+
+def require(module):
+    if not has_module(module):
+        pytest.skip("%s is not importable by the driver's interpreter %s" % (module, interpreter()))
 
 
 def stdout_before(cell, predicate):
@@ -118,6 +126,15 @@ def test_pickle_and_dataclass_of_classes_defined_in_cells(driver):
 def test_future_import_carries_to_later_cells(driver):
     driver.run("from __future__ import annotations")
     assert driver.run("def f(x: Undefined) -> int:\n    return x\nf.__annotations__['x']").value == "'Undefined'"
+
+
+def test_cell_sources_are_in_linecache(driver):
+    driver.run("def answer():\n    return 42")
+    assert driver.run("import inspect\ninspect.getsource(answer)").value == repr("def answer():\n    return 42\n")
+    cell = driver.run("import warnings\nwarnings.warn('careful')")
+    assert "2: UserWarning: careful" in cell.stderr
+    if driver_version() >= (3, 8):  # 3.7's warnings name the file after sys.argv[0]
+        assert "<cell-3>:2: UserWarning: careful" in cell.stderr
 
 
 def test_long_containers_are_pretty_printed(driver):
@@ -383,14 +400,53 @@ def test_control_fds_are_not_inherited(driver):
     assert driver.run(code).stdout == "['0', '1', '2', '3']\n"
 
 
-def test_shell_escape_and_pip_magic(driver):
+def test_shell_escape(driver):
     cell = driver.run("!echo from the shell\nprint('python')")
     assert cell.error is None
     assert cell.stdout == "from the shell\npython\n"
-    cell = driver.run("%pip --version")
-    assert cell.error is None and cell.stdout.startswith("pip ")
     # valid Python is never rewritten
     assert driver.run("x = 5\nx !=3").value == "True"
+
+
+def test_pip_magic_runs_this_interpreters_pip(driver):
+    require("pip")
+    cell = driver.run("%pip --version")
+    assert cell.error is None and cell.stdout.startswith("pip ")
+
+
+def test_shell_escape_expands_and_captures(driver):
+    driver.run("n = 3")
+    assert driver.run("!echo {n + 1} $n $$ {{n}}").stdout == "4 3 $ {n}\n"
+    assert driver.run("lines = !printf 'a\\nb\\n'\nlines").value == "['a', 'b']"
+
+
+def test_line_magics(driver, tmp_path):
+    assert driver.run("%matplotlib inline\n1").value == "1"  # accepted, nothing to do
+    assert driver.run("%cd " + str(tmp_path)).stdout == str(tmp_path) + "\n"
+    assert driver.run("%pwd").value == repr(str(tmp_path))
+    assert driver.run("import os\nos.getcwd()").value == repr(str(tmp_path))
+    assert driver.run("%env PVISOR_MAGIC=on").stdout == "env: PVISOR_MAGIC=on\n"
+    assert driver.run("os.environ['PVISOR_MAGIC']").value == "'on'"
+    cell = driver.run("%time sum(range(4))")
+    assert cell.value == "6" and "Wall time: " in cell.stdout
+    assert "per loop (mean ± std. dev. of 7 runs" in driver.run("%timeit sum(range(4))").stdout
+
+
+def test_cell_magics(driver, tmp_path):
+    target = tmp_path / "written.txt"
+    cell = driver.run("%%writefile " + str(target) + "\nline one\n")
+    assert cell.stdout == "Writing %s\n" % target and target.read_text() == "line one\n"
+    assert driver.run("%%bash\nv=shell\necho \"in $v\"").stdout == "in shell\n"
+    cell = driver.run("%%time\ny = 20\ny + 22")
+    assert cell.value == "42" and cell.kinds() == ["stdout", "main", "done"]
+    tb = driver.run("%%time\n\nraise KeyError('k')").error["traceback"]
+    assert '  File "<cell-4>", line 3, in <module>' in tb and "    raise KeyError('k')" in tb
+
+
+def test_unknown_magic_is_a_usage_error(driver):
+    assert driver.run("%nosuchmagic").error["ename"] == "UsageError"
+    assert driver.run("%%nosuchmagic\nbody").error["ename"] == "UsageError"
+    assert driver.run("'fine'").value == "'fine'"
 
 
 # ------------------------------------------------------------------ end
@@ -403,11 +459,6 @@ def test_eof_on_the_control_pipe_exits_zero(driver):
 
 
 # ------------------------------------------------------------------ matplotlib and pandas
-
-
-def require(module):
-    if not has_module(module):
-        pytest.skip("%s is not importable by %s (the tools image case runs in tests/e2e)" % (module, interpreter()))
 
 
 def png(result):

@@ -1,11 +1,13 @@
 //! bash contexts: one of the agent's sessions ([`crate::session`]) per
 //! context, so the environment, cwd and functions persist between runs.
 //! A non-zero exit status ends the run with `CommandExecError` (evalue: the
-//! status). The shell traps SIGINT, so an interrupt stops the running
-//! command and the shell (and its state) survive; a cell that keeps running
-//! (a loop of builtins) is killed after the grace and its shell restarted.
+//! status). The shell traps SIGINT, so an interrupt (SIGINT to the shell's
+//! group, repeated until the cell ends) stops the running command and the
+//! shell (and its state) survive; the rest of the cell goes on, as after a
+//! command that failed. A cell that keeps running (a loop of builtins) is
+//! killed after the grace and its shell restarted (`ContextRestarted`).
 use super::events::{ename, Events};
-use super::run::INTERRUPT_GRACE;
+use super::run::{INTERRUPT_GRACE, INTERRUPT_REPEAT};
 use crate::session::Sessions;
 use pvisor_proto::agent::{code_event::Kind, exec_event};
 use std::collections::HashMap;
@@ -75,6 +77,7 @@ impl BashContext {
         let run = self.sessions.run(&self.session, &script, "", 0, etx);
         let forward = async {
             let mut kill_at: Option<Instant> = None;
+            let mut again_at: Option<Instant> = None;
             let mut killed = false;
             loop {
                 tokio::select! {
@@ -102,6 +105,13 @@ impl BashContext {
                     Some(()) = irx.recv() => {
                         let _ = self.sessions.interrupt(&self.session);
                         kill_at.get_or_insert(Instant::now() + INTERRUPT_GRACE);
+                        again_at = Some(Instant::now() + INTERRUPT_REPEAT);
+                    },
+                    // Again and again: a SIGINT that lands between two
+                    // commands only runs the trap.
+                    _ = sleep_until(again_at), if again_at.is_some() && !killed => {
+                        let _ = self.sessions.interrupt(&self.session);
+                        again_at = Some(Instant::now() + INTERRUPT_REPEAT);
                     },
                     _ = sleep_until(kill_at), if kill_at.is_some() && !killed => {
                         killed = true;

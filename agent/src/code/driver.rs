@@ -31,6 +31,8 @@ pub struct DriverSpec {
     pub argv: Vec<String>,
     pub envs: BTreeMap<String, String>,
     pub cwd: String,
+    /// Repeat SIGINT until the cell ends (see [`INTERRUPT_REPEAT`](super::run::INTERRUPT_REPEAT)).
+    pub repeat_interrupt: bool,
 }
 
 /// A running driver.
@@ -43,6 +45,7 @@ pub struct Driver {
     exit: oneshot::Receiver<i32>,
     /// The execution count of the last finished cell.
     pub count: u32,
+    pub repeat_interrupt: bool,
 }
 
 /// A control message, or a line that was not one.
@@ -83,6 +86,7 @@ impl Driver {
             stderr: sp.stderr,
             exit: sp.exit,
             count: 0,
+            repeat_interrupt: spec.repeat_interrupt,
         };
         match tokio::time::timeout(START_TIMEOUT, d.wait_ready()).await {
             Ok(Ok(())) => Ok(d),
@@ -182,11 +186,16 @@ pub(super) struct ControlReader {
     scanned: usize,
     /// Inside a line that grew past the limit: discard until its newline.
     skipping: bool,
+    max: usize,
 }
 
 impl ControlReader {
     fn new(r: pipe::Receiver) -> Self {
-        ControlReader { r, buf: Vec::new(), scanned: 0, skipping: false }
+        Self::with_limit(r, MAX_CONTROL_LINE)
+    }
+
+    fn with_limit(r: pipe::Receiver, max: usize) -> Self {
+        ControlReader { r, buf: Vec::new(), scanned: 0, skipping: false, max }
     }
 
     pub(super) async fn next(&mut self) -> io::Result<Option<Control>> {
@@ -195,8 +204,8 @@ impl ControlReader {
                 let end = self.scanned + pos;
                 let line: Vec<u8> = self.buf.drain(..=end).take(end).collect();
                 self.scanned = 0;
-                if std::mem::take(&mut self.skipping) {
-                    return Ok(Some(Control::Bad(format!("a control message over {MAX_CONTROL_LINE} bytes"))));
+                if std::mem::take(&mut self.skipping) || line.len() > self.max {
+                    return Ok(Some(Control::Bad(format!("a control message over {} bytes", self.max))));
                 }
                 if line.is_empty() {
                     continue;
@@ -207,7 +216,7 @@ impl ControlReader {
                 }));
             }
             self.scanned = self.buf.len();
-            if self.buf.len() > MAX_CONTROL_LINE {
+            if self.buf.len() > self.max {
                 self.buf.clear();
                 self.scanned = 0;
                 self.skipping = true;
@@ -218,5 +227,38 @@ impl ControlReader {
                 return Ok(None);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn control_lines_are_bounded_and_split_reads_join() {
+        let (tx, rx) = pipe::pipe().unwrap();
+        let mut tx = tx;
+        let mut r = ControlReader::with_limit(rx, 1024);
+        let long = format!("{{\"t\":\"ready\",\"version\":\"{}\"}}\n", "x".repeat(5000));
+        let writer = tokio::spawn(async move {
+            tx.write_all(b"{\"t\":\"do").await.unwrap();
+            tokio::task::yield_now().await;
+            tx.write_all(b"ne\",\"count\":1}\n\nnot json\n").await.unwrap();
+            tx.write_all(long.as_bytes()).await.unwrap();
+            tx.write_all(b"{\"t\":\"done\",\"count\":2}\n").await.unwrap();
+        });
+        let mut got = Vec::new();
+        while let Some(c) = r.next().await.unwrap() {
+            got.push(match c {
+                Control::Message(m) => format!("{m:?}"),
+                Control::Bad(why) => format!("bad: {why}"),
+            });
+        }
+        writer.await.unwrap();
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert_eq!(got[0], "Done { count: 1 }");
+        assert!(got[1].starts_with("bad: a control line that is not a message"), "{}", got[1]);
+        assert_eq!(got[2], "bad: a control message over 1024 bytes");
+        assert_eq!(got[3], "Done { count: 2 }");
     }
 }

@@ -14,5 +14,8 @@ pub fn driver_spec(cfg: &AgentConfig, cwd: &str) -> Result<DriverSpec> {
         argv: vec![node.to_string_lossy().into_owned(), "-e".into(), DRIVER.into()],
         envs: Default::default(),
         cwd: cwd.to_string(),
+        // node can drop a SIGINT that lands while a script's interrupt
+        // watchdog is being torn down; the driver ignores the extra ones.
+        repeat_interrupt: true,
     })
 }

@@ -17,5 +17,8 @@ pub fn driver_spec(cfg: &AgentConfig, cwd: &str) -> Result<DriverSpec> {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         cwd: cwd.to_string(),
+        // One KeyboardInterrupt, as in a notebook: a second one could hit
+        // the cell's own `except`/`finally` handling.
+        repeat_interrupt: false,
     })
 }

@@ -22,6 +22,9 @@ use tokio::time::Instant;
 /// Largest output chunk (a read is a little smaller so a carried partial
 /// UTF-8 sequence fits).
 pub const CHUNK: usize = 64 << 10;
+/// How often SIGINT is repeated for drivers that want it, until the cell
+/// ends or the grace is over.
+pub const INTERRUPT_REPEAT: Duration = Duration::from_millis(250);
 /// How long a chunk ending mid-line waits for the rest of its line.
 const LINE_WAIT: Duration = Duration::from_millis(2);
 /// How long a cell may go on after SIGINT before its driver is killed.
@@ -111,6 +114,8 @@ pub async fn run_cell(
     }
     let count = d.count + 1;
     let pid = d.pid;
+    let repeat = d.repeat_interrupt;
+    let mut again_at: Option<Instant> = None;
     let Driver { stdout, stderr, control_out, count: last_count, .. } = d;
     let mut error: Option<(String, String, Vec<String>)> = None;
     let mut kill_at: Option<Instant> = None;
@@ -173,6 +178,11 @@ pub async fn run_cell(
             Some(()) = interrupts.recv() => {
                 super::driver::interrupt(pid);
                 kill_at.get_or_insert(Instant::now() + INTERRUPT_GRACE);
+                again_at = repeat.then(|| Instant::now() + INTERRUPT_REPEAT);
+            },
+            _ = sleep_until(again_at), if again_at.is_some() => {
+                super::driver::interrupt(pid);
+                again_at = Some(Instant::now() + INTERRUPT_REPEAT);
             },
             _ = sleep_until(kill_at), if kill_at.is_some() => {
                 output.drain(stdout, stderr, ev).await;

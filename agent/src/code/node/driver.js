@@ -48,8 +48,31 @@ function send(msg) {
   }
 }
 
+// The cells' console writes with fs.writeSync: an interrupt (which
+// terminates the script wherever it is) then cannot leave a half-done
+// stream write behind, which would hold back all later output.
+const { EventEmitter } = require('events');
+function syncStream(fd) {
+  const s = new EventEmitter();
+  s.write = (chunk) => {
+    const b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(String(chunk));
+    let off = 0;
+    while (off < b.length) {
+      try {
+        off += fs.writeSync(fd, b, off);
+      } catch (e) {
+        if (e.code !== 'EAGAIN') return false;
+      }
+    }
+    return true;
+  };
+  s.isTTY = false;
+  return s;
+}
+const cellConsole = new console.Console({ stdout: syncStream(1), stderr: syncStream(2) });
+
 const sandbox = {
-  console, process, require, Buffer, URL, URLSearchParams, TextEncoder, TextDecoder,
+  console: cellConsole, process, require, Buffer, URL, URLSearchParams, TextEncoder, TextDecoder,
   setTimeout, clearTimeout, setInterval, clearInterval, setImmediate, clearImmediate,
   queueMicrotask, structuredClone, AbortController, AbortSignal, fetch: globalThis.fetch,
   module, exports: module.exports, __filename: '[pvisor]', __dirname: process.cwd(),
@@ -110,7 +133,21 @@ function sendResult(value) {
   send({ t: 'result', data: { 'text/plain': util.inspect(value) }, main: true });
 }
 
+// node can keep a SIGINT that reached a script's interrupt watchdog just
+// as the script returned, and throw it at the next script run with
+// `breakOnSigint`. An empty run before each cell takes it (the agent
+// repeats its SIGINTs while the cell it interrupts is still running).
+const absorber = new vm.Script('undefined');
+function absorbStaleInterrupt() {
+  try {
+    absorber.runInContext(context, { breakOnSigint: true });
+  } catch (_) {
+    // the stale interrupt: dropped
+  }
+}
+
 async function exec(code) {
+  absorbStaleInterrupt();
   count += 1;
   const filename = `<cell-${count}>`;
   let failure = null;

@@ -23,10 +23,15 @@ backend does. ``display(*objs)`` is a builtin. SIGINT interrupts a running cell
 with ``KeyboardInterrupt`` and is ignored while idle; ``SystemExit`` in a cell
 is reported as an error and the context lives on; EOF on fd 3 ends the driver.
 
-Written for Python 3.7+ syntax; heavy modules (asyncio, traceback, pprint,
+A cell that is not valid Python gets IPython's escapes: ``!cmd`` (and
+``x = !cmd``), the line magics ``%pip %cd %pwd %env %time %timeit`` (and
+``%matplotlib`` as a no-op), the cell magics ``%%bash %%sh %%writefile %%time``.
+
+Written for Python 3.7+ syntax (top-level ``await`` needs 3.8); heavy modules (asyncio, traceback, pprint,
 tokenize) are imported only when a cell needs them, to keep start-up short.
 """
 
+import __future__
 import ast
 import builtins
 import fcntl
@@ -47,7 +52,7 @@ _CONTROL_FD_FLOOR = 64
 _CO_COROUTINE = 0x0080  # inspect.CO_COROUTINE, without importing inspect
 _TOP_LEVEL_AWAIT = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
 # Flags of the `from __future__` features a cell can switch on for later cells.
-_FUTURE_MASK = getattr(getattr(__import__("__future__"), "annotations", None), "compiler_flag", 0)
+_FUTURE_MASK = getattr(getattr(__future__, "annotations", None), "compiler_flag", 0)
 
 # MIME types whose values travel base64-encoded.
 _BINARY_MIMES = ("image/png", "image/jpeg", "image/gif", "application/pdf")
@@ -80,6 +85,7 @@ class _State:
     count = 0
     compile_flags = _TOP_LEVEL_AWAIT
     loop = None
+    namespace = None  # the user's globals
     shown_figures = None  # ids of figures already displayed in this cell
 
 
@@ -92,7 +98,11 @@ _out_lock = threading.Lock()
 
 def _move_control_fd(fd):
     """Duplicate `fd` close-on-exec above the usual fds and close the original."""
-    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _CONTROL_FD_FLOOR)
+    try:
+        moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _CONTROL_FD_FLOOR)
+    except OSError:  # a tiny RLIMIT_NOFILE: keep the fd where it is, close-on-exec
+        os.set_inheritable(fd, False)
+        return fd
     os.close(fd)
     return moved
 
@@ -212,13 +222,23 @@ def _warn(what, exc):
         pass
 
 
-def _call_repr_method(obj, name):
-    method = getattr(obj, name, None)
-    if method is None or not callable(method):
+def _hook(obj, name):
+    """The bound display hook `name` of `obj`, or None (also when looking it up fails)."""
+    try:
+        method = getattr(obj, name, None)
+    except Exception:
+        return None
+    return method if callable(method) else None
+
+
+def _call_hook(obj, name, *args, **kwargs):
+    """Call a display hook; a broken one only loses its MIME types (with a note on stderr)."""
+    method = _hook(obj, name)
+    if method is None:
         return None
     try:
-        value = method()
-    except Exception as exc:  # a broken display hook drops its MIME type only
+        value = method(*args, **kwargs)
+    except Exception as exc:
         _warn("%s.%s()" % (type(obj).__name__, name), exc)
         return None
     if isinstance(value, tuple) and len(value) == 2:  # (data, metadata)
@@ -226,9 +246,21 @@ def _call_repr_method(obj, name):
     return value
 
 
+def _add_bundle(data, bundle):
+    """Encode the MIME types of `bundle` not yet in `data`."""
+    for mime, value in bundle.items():
+        mime = str(mime)
+        if mime not in data:
+            encoded = _encode(mime, value)
+            if encoded is not None:
+                data[mime] = encoded
+
+
 def _plain_text(obj):
     text = repr(obj)
-    if len(text) > 79 and type(obj) in (list, tuple, dict, set, frozenset):
+    # Long builtin containers are pretty-printed, as IPython does (up to a size where
+    # pprint's own cost would show).
+    if 79 < len(text) < 100000 and type(obj) in (list, tuple, dict, set, frozenset):
         try:
             import pprint
 
@@ -260,30 +292,14 @@ def _format(obj):
     data = {}
     # Classes carry the hooks as plain functions, and objects that answer every
     # attribute (mocks, proxies) would answer them too: both get repr only.
-    rich = not isinstance(obj, type) and not hasattr(obj, "_ipython_canary_method_should_not_exist_")
+    rich = not isinstance(obj, type) and _hook(obj, "_ipython_canary_method_should_not_exist_") is None
     if rich:
-        bundle = None
-        method = getattr(obj, "_repr_mimebundle_", None)
-        if method is not None and callable(method):
-            try:
-                bundle = method(include=None, exclude=None)
-            except TypeError:
-                try:
-                    bundle = method()
-                except Exception as exc:
-                    _warn("%s._repr_mimebundle_()" % type(obj).__name__, exc)
-            except Exception as exc:
-                _warn("%s._repr_mimebundle_()" % type(obj).__name__, exc)
-        if isinstance(bundle, tuple) and len(bundle) == 2:
-            bundle = bundle[0]
+        bundle = _call_hook(obj, "_repr_mimebundle_", include=None, exclude=None)
         if isinstance(bundle, dict):
-            for mime, value in bundle.items():
-                encoded = _encode(str(mime), value)
-                if encoded is not None:
-                    data[str(mime)] = encoded
+            _add_bundle(data, bundle)
         for name, mime in _REPR_METHODS:
             if mime not in data:
-                encoded = _encode(mime, _call_repr_method(obj, name))
+                encoded = _encode(mime, _call_hook(obj, name))
                 if encoded is not None:
                     data[mime] = encoded
         if "image/png" not in data and _is_figure(obj):
@@ -297,11 +313,15 @@ def _format(obj):
 
 
 def _emit_result(obj, main):
-    if not _State.active:
-        return  # display() from a thread after its cell ended: no run to attach it to
     if _is_figure(obj) and _State.shown_figures is not None:
         _State.shown_figures.add(id(obj))
-    _send({"t": "result", "data": _format(obj), "main": main})
+    _emit_bundle(_format(obj), main)
+
+
+def _emit_bundle(data, main):
+    if not _State.active:
+        return  # display() from a thread after its cell ended: no run to attach it to
+    _send({"t": "result", "data": data, "main": main})
 
 
 def display(*objs, **kwargs):
@@ -314,12 +334,9 @@ def display(*objs, **kwargs):
     for obj in objs:
         if raw and isinstance(obj, dict):
             data = {}
-            for mime, value in obj.items():
-                encoded = _encode(str(mime), value)
-                if encoded is not None:
-                    data[str(mime)] = encoded
+            _add_bundle(data, obj)
             data.setdefault("text/plain", "")
-            _send({"t": "result", "data": data, "main": False})
+            _emit_bundle(data, False)
         else:
             _emit_result(obj, False)
 
@@ -405,12 +422,204 @@ class _PostImportHooks:
             return spec
         return spec
 
-    # Python 3.7-3.9 still consult these on meta-path finders.
-    def find_module(self, fullname, path=None):
-        return None
 
-    def invalidate_caches(self):
-        pass
+# --------------------------------------------------- IPython-style escapes
+# Only a cell that is not valid Python is rewritten: `!cmd` and `%magic` lines become
+# calls of the builtins below, a `%%magic` first line turns the cell into that magic.
+
+
+class UsageError(Exception):
+    """A magic used wrongly or not available (IPython's name for it)."""
+
+
+def _expand(command):
+    """IPython's `{expr}` and `$name` expansion in shell lines; unchanged if anything fails."""
+    import re
+
+    namespace = _State.namespace
+    try:
+        command = re.sub(r"(?<!\{)\{([^{}]+)\}(?!\})", lambda m: str(eval(m.group(1), namespace)), command)
+    except Exception:
+        return command
+    command = re.sub(
+        r"\$(\$|[A-Za-z_]\w*)",
+        lambda m: "$" if m.group(1) == "$" else str(namespace[m.group(1)]) if m.group(1) in namespace else m.group(0),
+        command,
+    )
+    return command.replace("{{", "{").replace("}}", "}")
+
+
+def _shell_escape(command, capture=False):
+    """`!cmd` runs a shell command on the cell's stdout/stderr; `x = !cmd` returns its lines."""
+    import subprocess
+
+    command = _expand(command)
+    _flush_user_streams()
+    if capture:
+        output = subprocess.run(command, shell=True, stdout=subprocess.PIPE).stdout
+        return output.decode("utf-8", "replace").splitlines()
+    subprocess.call(command, shell=True)
+    return None
+
+
+def _clock():
+    """(user CPU, system CPU, wall) seconds, for %time and %%time."""
+    import resource
+    import time
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime, time.perf_counter()
+
+
+def _print_times(started):
+    user, system, wall = (now - then for now, then in zip(_clock(), started))
+    print(
+        "CPU times: user %s, sys: %s, total: %s\nWall time: %s"
+        % (_duration(user), _duration(system), _duration(user + system), _duration(wall))
+    )
+
+
+def _duration(seconds):
+    for unit, scale in (("s", 1.0), ("ms", 1e3), ("µs", 1e6)):
+        if seconds >= 1.0 / scale:
+            return "%.3g %s" % (seconds * scale, unit)
+    return "%.3g ns" % (seconds * 1e9) if seconds > 0 else "0 ns"
+
+
+def _magic_time(args):
+    try:
+        code = compile(args, "<magic-time>", "eval", _State.compile_flags, True)
+    except SyntaxError:
+        code = compile(args, "<magic-time>", "exec", _State.compile_flags, True)
+    started = _clock()
+    try:
+        return eval(code, _State.namespace)
+    finally:
+        _print_times(started)
+
+
+def _magic_timeit(args):
+    import math
+    import timeit
+
+    timer = timeit.Timer(args, globals=_State.namespace)
+    loops, _ = timer.autorange()
+    runs = [t / loops for t in timer.repeat(repeat=7, number=loops)]
+    mean = sum(runs) / len(runs)
+    deviation = math.sqrt(sum((t - mean) ** 2 for t in runs) / len(runs))
+    print(
+        "%s ± %s per loop (mean ± std. dev. of 7 runs, %d loop%s each)"
+        % (_duration(mean), _duration(deviation), loops, "" if loops == 1 else "s")
+    )
+
+
+def _magic_env(args):
+    if not args:
+        return dict(os.environ)
+    if "=" in args or " " in args.strip():
+        name, _, value = args.replace("=", " ", 1).partition(" ")
+        os.environ[name.strip()] = _expand(value.strip())
+        print("env: %s=%s" % (name.strip(), value.strip()))
+        return None
+    return os.environ.get(args.strip())
+
+
+def _magic_cd(args):
+    target = os.path.expanduser(_expand(args.strip()) or "~")
+    os.chdir(target)
+    print(os.getcwd())
+
+
+def _magic_pip(args):
+    import shlex
+    import subprocess
+
+    words = shlex.split(_expand(args))
+    _flush_user_streams()
+    status = subprocess.call([sys.executable, "-m", "pip"] + words)
+    if status == 0 and words[:1] in (["install"], ["uninstall"]):
+        print("Note: you may need to restart the context to use updated packages.")
+
+
+# Magics that mean nothing here (the inline plotting they ask for is always on).
+_IGNORED_MAGICS = ("matplotlib", "load_ext", "autoreload", "config")
+
+
+def _magic(line):
+    """A `%name args` line magic: pip, cd, pwd, env, time, timeit; inline-plotting ones are no-ops."""
+    name, _, args = line.strip().partition(" ")
+    args = args.strip()
+    if name == "pip":
+        return _magic_pip(args)
+    if name == "cd":
+        return _magic_cd(args)
+    if name == "pwd":
+        return os.getcwd()
+    if name == "env":
+        return _magic_env(args)
+    if name == "time":
+        return _magic_time(args)
+    if name == "timeit":
+        return _magic_timeit(args)
+    if name in _IGNORED_MAGICS:
+        return None
+    raise UsageError(
+        "Line magic function `%%%s` not found (pvisor has %%pip, %%cd, %%pwd, %%env, %%time, %%timeit)." % name
+    )
+
+
+def _cell_magic(line, body):
+    """A `%%name args` cell: bash/sh (the cell is a script), writefile; %%time is in _run_cell."""
+    import subprocess
+
+    name, _, args = line.strip().partition(" ")
+    args = args.strip()
+    if name in ("bash", "sh"):
+        _flush_user_streams()
+        subprocess.call([name, "-c", body])
+        return None
+    if name == "writefile":
+        append = args.startswith("-a ") or args.startswith("--append ")
+        path = os.path.expanduser(_expand(args.split(None, 1)[1] if append else args))
+        exists = os.path.exists(path)
+        with open(path, "a" if append else "w") as handle:
+            handle.write(body)
+        print("%s %s" % ("Appending to" if append else "Overwriting" if exists else "Writing", path))
+        return None
+    raise UsageError("Cell magic `%%%%%s` not found (pvisor has %%%%bash, %%%%sh, %%%%writefile, %%%%time)." % name)
+
+
+def _transform_escapes(source):
+    """Rewrite `!cmd`, `x = !cmd` and `%magic` lines into calls; None if there are none."""
+    import re
+
+    lines = source.splitlines(True)
+    changed = False
+    for index, line in enumerate(lines):
+        stripped = line.lstrip()
+        indent = line[: len(line) - len(stripped)]
+        body = stripped.rstrip("\r\n")
+        captured = re.match(r"([A-Za-z_][\w.]*(?:\[[^\]]*\])?)\s*=\s*!(.*)$", body)
+        if captured:
+            call = "%s = __pvisor_shell__(%r, capture=True)" % (captured.group(1), captured.group(2))
+        elif body.startswith("!") and not body.startswith("!="):
+            call = "__pvisor_shell__(%r)" % body[1:]
+        elif body.startswith("%") and body[1:2].isalpha():
+            call = "__pvisor_magic__(%r)" % body[1:]
+        else:
+            continue
+        lines[index] = indent + call + line[len(indent) + len(body) :]
+        changed = True
+    return "".join(lines) if changed else None
+
+
+def _split_cell_magic(source):
+    """(magic line, rest) when the cell's first line is `%%magic ...`, else None."""
+    stripped = source.lstrip("\r\n\t ")
+    if not stripped.startswith("%%"):
+        return None
+    first, _, rest = stripped.partition("\n")
+    return first[2:], rest
 
 
 # ------------------------------------------------------------------ cells
@@ -432,45 +641,6 @@ def _ends_with_semicolon(source):
     except Exception:
         return source.rstrip().endswith(";")
     return last is not None and last.type == tokenize.OP and last.string == ";"
-
-
-def _shell_escape(command):
-    """`!cmd`: run a shell command with the cell's stdout and stderr."""
-    import subprocess
-
-    _flush_user_streams()
-    subprocess.call(command, shell=True)
-
-
-def _magic(line):
-    """`%pip ...` (runs pip with this interpreter); other magics are errors."""
-    import shlex
-    import subprocess
-
-    name, _, rest = line.partition(" ")
-    if name != "pip":
-        raise NameError("pvisor: unsupported magic %%%s (only %%pip and !cmd are available)" % name)
-    _flush_user_streams()
-    subprocess.call([sys.executable, "-m", "pip"] + shlex.split(rest))
-
-
-def _transform_escapes(source):
-    """Rewrite IPython's `!cmd` and `%pip` lines into calls; None if there are none."""
-    lines = source.splitlines(True)
-    changed = False
-    for index, line in enumerate(lines):
-        stripped = line.lstrip()
-        indent = line[: len(line) - len(stripped)]
-        body = stripped.rstrip("\r\n")
-        if body.startswith("!") and not body.startswith("!="):
-            call = "__pvisor_shell__(%r)" % body[1:]
-        elif body.startswith("%") and body[1:2].isalpha():
-            call = "__pvisor_magic__(%r)" % body[1:]
-        else:
-            continue
-        lines[index] = indent + call + line[len(indent) + len(body) :]
-        changed = True
-    return "".join(lines) if changed else None
 
 
 def _parse(source, filename):
@@ -548,7 +718,33 @@ def _run(code, namespace):
 def _run_cell(source, namespace):
     """Compile and run one cell; emits its results. Raises what the cell raised."""
     filename = "<cell-%d>" % _State.count
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    lines = source.splitlines(True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"  # as a file's last line reads (inspect.getsource)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+    magic = _split_cell_magic(source)
+    if magic is None:
+        value = _run_python(source, filename, namespace)
+    elif magic[0].split(" ", 1)[0] == "time":
+        # %%time: the rest of the cell is an ordinary cell (its line numbers kept), timed.
+        started = _clock()
+        try:
+            value = _run_python(source[: source.index("%%")] + "\n" + magic[1], filename, namespace)
+        finally:
+            _print_times(started)
+    else:
+        value = _cell_magic(*magic)
+    if value is not None:
+        builtins._ = value
+        if _is_figure(value):
+            _State.shown_figures.add(id(value))
+    _flush_figures()
+    if value is not None:
+        _emit_result(value, True)
+
+
+def _run_python(source, filename, namespace):
+    """Run a cell's Python code; the value of its last expression (None if it has none)."""
     tree = _parse(source, filename)
     body = tree.body
     last = None
@@ -558,16 +754,9 @@ def _run_cell(source, namespace):
         module = ast.Module(body=body)
         module.type_ignores = []
         _run(_compile(module, filename, "exec"), namespace)
-    value = None
-    if last is not None:
-        value = _run(_compile(ast.Expression(body=last.value), filename, "eval"), namespace)
-        if value is not None:
-            builtins._ = value
-            if _is_figure(value):
-                _State.shown_figures.add(id(value))
-    _flush_figures()
-    if value is not None:
-        _emit_result(value, True)
+    if last is None:
+        return None
+    return _run(_compile(ast.Expression(body=last.value), filename, "eval"), namespace)
 
 
 def _user_traceback(tb):
@@ -614,6 +803,7 @@ def _execute(request, namespace):
     """One `exec` request: run the cell, then `error` if it raised, then `done`."""
     _State.count += 1
     _State.active = True
+    _State.pending_interrupt = False
     failure = None
     source = request.get("code") if isinstance(request, dict) else None
     _State.shown_figures = set()
@@ -634,7 +824,9 @@ def _execute(request, namespace):
         except Exception:
             pass
         message = _error_message(failure)
+        # For pdb.pm() and friends, as the interactive interpreter does.
         sys.last_type, sys.last_value, sys.last_traceback = type(failure), failure, failure.__traceback__
+        sys.last_exc = failure
         _send(message)
     _State.shown_figures = None
     _restore_sigint()
@@ -655,9 +847,11 @@ def main():
     _in_fd = _move_control_fd(_CONTROL_IN_FD)
     _out_fd = _move_control_fd(_CONTROL_OUT_FD)
     signal.signal(signal.SIGINT, _on_sigint)
+    namespace = _user_namespace()
     builtins.display = display
     builtins.__pvisor_shell__ = _shell_escape
     builtins.__pvisor_magic__ = _magic
+    _State.namespace = namespace
     hooks = {
         "matplotlib.pyplot": _patch_pyplot,
         "IPython.core.display_functions": _patch_ipython_display,
@@ -666,7 +860,6 @@ def main():
     sys.meta_path.insert(0, _PostImportHooks(hooks))
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_forget_control_fds)
-    namespace = _user_namespace()
     version = "%d.%d.%d" % sys.version_info[:3]
     _send({"t": "ready", "version": version})
     for line in _read_requests(_in_fd):
