@@ -34,6 +34,7 @@ if [ -x bench/run ]; then
     log "benchmark smoke"
     PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES PYTHON=$VENV/bin/python bench/run startup --pairs 2 --pvisor-only --out "$(mktemp -d)"
     PVISOR_BIN=$DIST/pvisor PYTHON=$VENV/bin/python bench/run vm --runs 10 --rss-rounds 1 --out "$(mktemp -d)"
+    PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES PYTHON=$VENV/bin/python bench/run code --code-rounds 1 --code-warm 3 --out "$(mktemp -d)"
     PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES PYTHON=$VENV/bin/python bench/run network --pvisor-only \
         --downloads 1 --connects 50 --creates 2 --idle 1 --out "$(mktemp -d)"
 fi

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Build pvisor's local test container images (standard library only).
 
-Called by build-test-images.sh, which fetches the inputs (two mmdebstrap
-tarballs, the busybox-static binary, a directory of pinned wheels). This
-module turns them into layer tars (sorted entries, relative paths, numeric
+Called by build-test-images.sh, which fetches the inputs (three mmdebstrap
+tarballs: minbase, +python3, +nodejs; the busybox-static binary; two
+directories of pinned wheels). This module turns them into layer tars (sorted entries, relative paths, numeric
 ids, whiteouts) and writes docker-archive tarballs (the `docker save` layout)
 plus one OCI image-layout tarball.
 
@@ -389,9 +389,20 @@ def record_line(path_rel, data):
     return f"{path_rel},sha256={dig},{len(data)}"
 
 
+def wheel_fits(whl, pyver):
+    """Pure-Python, or CPython `pyver`'s own manylinux x86_64 build."""
+    if whl.endswith("-none-any.whl"):
+        return True
+    cp = "cp" + pyver.replace(".", "")
+    tags = whl[: -len(".whl")].split("-")[-3:]
+    return tags[:2] == [cp, cp] and all(
+        p.startswith("manylinux") and p.endswith("_x86_64") for p in tags[2].split("."))
+
+
 def wheels_layer(wheel_dir, pyver, mtime):
-    """Install pure-Python wheels the way pip would (minus .pyc files) into
-    /usr/local/lib/python3.X/dist-packages, console scripts into /usr/local/bin."""
+    """Install wheels (pure-Python, or built for this CPython on manylinux x86_64)
+    the way pip would (minus .pyc files) into /usr/local/lib/python3.X/dist-packages,
+    console scripts into /usr/local/bin."""
     site = f"usr/local/lib/python{pyver}/dist-packages"
     layer = {}
     names = []
@@ -405,8 +416,8 @@ def wheels_layer(wheel_dir, pyver, mtime):
     if not wheels:
         raise SystemExit(f"no wheels in {wheel_dir}")
     for whl in wheels:
-        if not whl.endswith("-none-any.whl"):
-            raise SystemExit(f"{whl}: not a pure-Python wheel")
+        if not wheel_fits(whl, pyver):
+            raise SystemExit(f"{whl}: neither pure-Python nor a CPython {pyver} manylinux x86_64 wheel")
         with zipfile.ZipFile(os.path.join(wheel_dir, whl)) as z:
             infos = [i for i in z.infolist() if not i.is_dir()]
             dist_info = {i.filename.split("/", 1)[0] for i in infos
@@ -657,20 +668,34 @@ def cmd_build(a):
                           extra_history=[f"ENV {e}" for e in py_env] + ['CMD ["python3"]'])
     write_docker_archive(out(f"python-{pyver}-slim.tar"), f"python:{pyver}-slim", py, py_cfg, t)
 
-    # 4. python tools: wheels + release file
+    # 4. python tools: numpy/pandas/matplotlib wheels, pure-Python wheels, release file
+    sci, sci_dists = wheels_layer(a.sci_wheels, pyver, t)
+    py_sci = layer("python-sci", sci, py_slim, "install wheels: " + " ".join(sci_dists))
     whl, dists = wheels_layer(a.wheels, pyver, t)
     py4 = layer("python-4", whl, py_slim, "install wheels: " + " ".join(dists))
     rel = {"etc/pvisor-release": file_entry(
         "etc/pvisor-release",
         f"PVISOR_IMAGE=python-tools\nBASE=debian:{a.suite}-slim\nPYTHON={pyver}\n"
-        f"PACKAGES={' '.join(dists)}\n", mtime=t)}
+        f"PACKAGES={' '.join(sci_dists + dists)}\n", mtime=t)}
     py5 = layer("python-5", rel, py_slim, "ADD /etc/pvisor-release")
-    tools = py + [py4, py5]
+    tools = py + [py_sci, py4, py5]
     tools_env = py_env + ["PVISOR_IMAGE=python-tools"]
     tools_cfg = image_config(tools, tools_env, ["python3"], t, workdir="/home/app",
                              extra_history=[f"ENV {e}" for e in tools_env] +
                              ["WORKDIR /home/app", 'CMD ["python3"]'])
     write_docker_archive(out(f"python-{pyver}-tools.tar"), "pvisor/python-tools:latest", tools, tools_cfg, t)
+
+    # 5. node: diff(slim(minbase), slim(minbase+nodejs)); bash comes with minbase
+    node_full = read_rootfs_tar(a.node)
+    node_slim = apply_layer(node_full, slim_layer(node_full, t))
+    nodediff = diff_views(base_slim, node_slim, t)
+    log(f"node diff layer: {len(nodediff)} entries")
+    node3 = layer("node-3", nodediff, node_slim, f"mmdebstrap --variant=minbase --include=nodejs {a.suite} (diff, slimmed)")
+    node = deb + [node3]
+    node_env = [PATH_ENV, "LANG=C.UTF-8"]
+    node_cfg = image_config(node, node_env, ["node"], t, workdir="/home/app",
+                            extra_history=[f"ENV {e}" for e in node_env] + ["WORKDIR /home/app", 'CMD ["node"]'])
+    write_docker_archive(out(f"node-{a.suite}.tar"), "pvisor/node:latest", node, node_cfg, t)
 
     for n in produced:
         print(n)
@@ -778,6 +803,8 @@ def main():
     b.add_argument("--busybox", required=True)
     b.add_argument("--minbase", required=True, help="mmdebstrap --variant=minbase tarball")
     b.add_argument("--python", required=True, help="mmdebstrap --variant=minbase --include=python3 tarball")
+    b.add_argument("--sci-wheels", required=True, help="directory of numpy/pandas/matplotlib wheels (cp3X manylinux)")
+    b.add_argument("--node", required=True, help="mmdebstrap --variant=minbase --include=nodejs tarball")
     b.add_argument("--wheels", required=True, help="directory of pure-Python wheels")
     b.add_argument("--suite", required=True)
     b.add_argument("--epoch", type=int, required=True, help="SOURCE_DATE_EPOCH")

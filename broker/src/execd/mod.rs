@@ -5,6 +5,8 @@
 //! token, then serves port 44772 with the execd API below, port 18080 with
 //! the egress policy API (the broker's own, [`crate::api::egress`]), and
 //! tunnels any other port to `127.0.0.1:port` inside the sandbox ([`proxy`]).
+pub mod code;
+pub mod code_stream;
 pub mod command;
 pub mod fileinfo;
 pub mod files;
@@ -44,11 +46,7 @@ async fn not_found() -> ApiError {
 }
 
 async fn not_supported() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "NOT_SUPPORTED",
-        "code interpreters and PTYs are not supported by this server",
-    )
+    ApiError::new(StatusCode::NOT_IMPLEMENTED, "NOT_SUPPORTED", "PTYs are not supported by this server")
 }
 
 async fn ping(Extension(sb): Sandbox) -> ApiResult<StatusCode> {
@@ -87,8 +85,10 @@ fn execd_router() -> Router {
         .merge(isolated::routes())
         .route("/metrics", get(metrics::get))
         .route("/metrics/watch", get(metrics::watch))
-        .route("/code", any(not_supported))
-        .route("/code/{*rest}", any(not_supported))
+        .route("/code", post(code::run).delete(code::interrupt))
+        .route("/code/context", post(code::create_context))
+        .route("/code/contexts", get(code::list_contexts).delete(code::delete_contexts))
+        .route("/code/contexts/{cid}", get(code::get_context).delete(code::delete_context))
         .route("/pty", any(not_supported))
         .route("/pty/{*rest}", any(not_supported))
         .fallback(not_found)
