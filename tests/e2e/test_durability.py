@@ -388,7 +388,7 @@ def test_broker_killed_at_random_points(tmp_path_factory):
         target = None
         for n in range(rounds):
             op = rng.choice(OPS)
-            delay = rng.uniform(0.0, 0.04)
+            delay = rng.uniform(0.0, 0.12)
             conn = _make_conn(srv.addr)
             if op != "create" and target is None:
                 target = SandboxSync.create(BUSYBOX, connection_config=conn, resource=SMALL)

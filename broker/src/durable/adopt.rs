@@ -41,12 +41,12 @@ async fn adopt_one(ctx: Arc<Ctx>, Found { rec, fate }: Found) -> bool {
             false
         }
         Fate::Ended => {
-            insert(&ctx, SandboxEntry::restored(&rec, None));
+            insert(&ctx, SandboxEntry::restored(&rec, None), true);
             false
         }
         Fate::Adopt(pidfd) => match reconnect(&rec).await {
             Ok(channel) => {
-                let entry = insert(&ctx, SandboxEntry::restored(&rec, runtime(&ctx, &rec, channel, pidfd)));
+                let entry = insert(&ctx, SandboxEntry::restored(&rec, runtime(&ctx, &rec, channel, pidfd)), false);
                 resync(&entry, &rec).await;
                 launch::monitor_adopted(ctx.clone(), entry.clone());
                 tracing::info!(sandbox = %rec.id, "re-adopted");
@@ -55,7 +55,8 @@ async fn adopt_one(ctx: Arc<Ctx>, Found { rec, fate }: Found) -> bool {
             Err(msg) => {
                 tracing::warn!(sandbox = %rec.id, "{msg}");
                 crate::durable::proc::pidfd_signal(&pidfd, libc::SIGKILL);
-                let entry = insert(&ctx, SandboxEntry::restored(&rec, runtime_without_channel(&ctx, &rec, pidfd)));
+                let entry =
+                    insert(&ctx, SandboxEntry::restored(&rec, runtime_without_channel(&ctx, &rec, pidfd)), false);
                 entry.set_state(State::Failed, Some("WORKER_UNREACHABLE".into()), Some(msg));
                 crate::sandbox::teardown::teardown(&entry).await;
                 false
@@ -64,10 +65,14 @@ async fn adopt_one(ctx: Arc<Ctx>, Found { rec, fate }: Found) -> bool {
     }
 }
 
-fn insert(ctx: &Ctx, e: SandboxEntry) -> Arc<SandboxEntry> {
+/// Registers a restored entry; `changed`: its record differs from the one
+/// on disk (an adopted sandbox's does not).
+fn insert(ctx: &Ctx, e: SandboxEntry, changed: bool) -> Arc<SandboxEntry> {
     let e = Arc::new(e);
     e.attach_store(ctx.state.clone());
-    e.save();
+    if changed {
+        e.save();
+    }
     ctx.registry.insert(e.clone());
     e
 }

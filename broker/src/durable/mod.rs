@@ -3,13 +3,14 @@
 //! The broker's state is on disk in the data dir: each sandbox's record
 //! ([`store`]: spec, metadata, expiry, endpoint token, state, egress policy,
 //! its worker's identity), snapshot records (`snapshot::store`) and named
-//! volumes (`volumes::store`). Records are JSON files written
-//! crash-safely, one per sandbox (temporary file, fsync, rename, fsync of
-//! the directory) rather than an embedded database: each sandbox changes
-//! independently, so a file per record needs no shared log or lock; a crash
-//! leaves every record whole (old or new); the snapshot store already works
-//! this way; and it adds no dependency (SQLite would be a C library built
-//! into the broker for what amounts to a handful of small key-value writes).
+//! volumes (`volumes::store`). Records are JSON files, one per sandbox,
+//! replaced atomically (temporary file, rename; fsync of file and directory
+//! right after, off the request path: see [`store`]) rather than an
+//! embedded database: each sandbox changes independently, so a file per
+//! record needs no shared log or lock; a crash leaves every record whole
+//! (old or new); the snapshot store already works this way; and it adds no
+//! dependency (SQLite would be a C library built into the broker for what
+//! amounts to a handful of small key-value writes).
 //!
 //! Workers and image servers are started so that they outlive the broker
 //! (`WorkerConfig.outlive_broker`, no image-server lifeline) unless
