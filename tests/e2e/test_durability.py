@@ -169,6 +169,27 @@ def test_sandbox_survives_the_broker(durable, how):
 
 
 @pytest.mark.deadline(240)
+def test_paused_sandbox_stays_paused_across_a_restart(durable):
+    conn = _make_conn(durable.addr)
+    sb = SandboxSync.create(BUSYBOX, connection_config=conn, resource=SMALL)
+    try:
+        sh(sb, "echo paused > /root/p")
+        sb.pause()
+        assert state_of(durable, sb.id)["status"]["state"] == "Paused"
+        kill9(durable)
+        durable.start()
+        assert state_of(durable, sb.id)["status"]["state"] == "Paused"
+        r = httpx.post(f"{durable.url}/v1/sandboxes/{sb.id}/resume", timeout=30)
+        assert r.status_code == 202, r.text
+        again = SandboxSync.connect(sb.id, connection_config=_make_conn(durable.addr))
+        assert sh(again, "cat /root/p") == "paused"
+        again.close()
+    finally:
+        delete_all(durable)
+        sb.close()
+
+
+@pytest.mark.deadline(240)
 def test_worker_killed_while_the_broker_is_down(durable):
     conn = _make_conn(durable.addr)
     victim = SandboxSync.create(BUSYBOX, connection_config=conn, resource=SMALL)
