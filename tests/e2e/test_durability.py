@@ -384,6 +384,16 @@ def leaks(srv) -> list[str]:
         used = {memory_group_of(p) for p in workers | ours(srv, "pvisor-imaged")}
         if groups - used:
             out.append(f"cgroups without a process: {groups - used}")
+    # Files in the run dir: each live worker's socket and log, each live image server's record and log.
+    expected = set()
+    for pid in workers:
+        log = Path(os.readlink(f"/proc/{pid}/fd/1")).name
+        expected |= {log, log.replace(".log", ".sock")}
+    for p in (srv.data_dir / "run").glob("imaged-*.json"):
+        expected |= {p.name, p.name.replace(".json", ".log")}
+    extra_files = {p.name for p in (srv.data_dir / "run").iterdir()} - expected
+    if extra_files:
+        out.append(f"run dir files of nothing live: {extra_files}")
     mnt = str(srv.data_dir / "mnt") + "/"
     mounted = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
                if line.split()[4].startswith(mnt)}
