@@ -1,6 +1,7 @@
 //! `pvisor`: the broker daemon (`serve`) and a CLI for it.
 mod api;
 mod cli;
+mod durable;
 mod execd;
 mod sandbox;
 mod server;
@@ -84,6 +85,10 @@ enum Cmd {
         /// (repeatable; none by default, so every host volume is refused).
         #[arg(long = "allow-host-path", value_name = "PREFIX")]
         allow_host_paths: Vec<PathBuf>,
+        /// End every sandbox when the broker stops or dies (the default keeps
+        /// them running, and a restarted broker re-adopts them).
+        #[arg(long)]
+        stop_sandboxes_on_exit: bool,
     },
     /// Explain what this host supports and which backend `auto` picks.
     Doctor {
@@ -261,6 +266,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             net_dns,
             net_deny,
             allow_host_paths,
+            stop_sandboxes_on_exit,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -279,6 +285,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 net_dns,
                 net_deny,
                 allow_host_paths,
+                stop_sandboxes_on_exit,
             })
             .await?;
         }

@@ -50,6 +50,14 @@ pub struct Ctx {
     pub volumes: crate::volumes::Settings,
     /// Snapshot records (`<data>/snapshots`).
     pub snapshots: crate::snapshot::store::SnapshotStore,
+    /// Sandbox records (`<data>/state/sandboxes`, see [`crate::durable`]).
+    pub state: Arc<crate::durable::SandboxStore>,
+    /// Sandboxes and image servers outlive the broker (unless
+    /// `--stop-sandboxes-on-exit`).
+    pub durable: bool,
+    /// Benchmark only (`PVISOR_BENCH_NO_STATE=1`): creates write no record,
+    /// to measure what the record costs (bench/durability.py).
+    pub persist: bool,
 }
 
 impl Ctx {
@@ -85,6 +93,9 @@ pub struct ServeOptions {
     pub net_deny: Vec<String>,
     /// `--allow-host-path`.
     pub allow_host_paths: Vec<PathBuf>,
+    /// `--stop-sandboxes-on-exit`: sandboxes end with the broker (at a
+    /// clean stop and a crash alike) instead of being re-adopted.
+    pub stop_sandboxes_on_exit: bool,
 }
 
 /// `/var/lib/pvisor` for root, else the user's data directory.
@@ -170,9 +181,14 @@ pub fn secure_dirs(dirs: &[&Path]) -> Result<(), String> {
     Ok(())
 }
 
-fn clean_dir(dir: &Path) -> Result<(), String> {
+/// Empties `dir`, but for the entries named in `keep` (those of sandboxes
+/// being re-adopted).
+fn clean_dir(dir: &Path, keep: &std::collections::HashSet<String>) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for e in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
+        if keep.contains(e.file_name().to_string_lossy().as_ref()) {
+            continue;
+        }
         let p = e.path();
         let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
     }
@@ -193,8 +209,9 @@ fn cgroup_prefix(data_dir: &Path) -> String {
     format!("pvisor-{:08x}-", h as u32)
 }
 
-/// Removes sandbox cgroups a previous broker of the same data dir left behind.
-fn clean_stale_cgroups(layout: &Layout, prefix: &str) {
+/// Removes sandbox cgroups a previous broker of the same data dir left
+/// behind, but for those in `keep` (re-adopted sandboxes and image servers).
+fn clean_stale_cgroups(layout: &Layout, prefix: &str, keep: &std::collections::HashSet<String>) {
     let bases: Vec<(Option<String>, PathBuf)> = match layout {
         Layout::V2 { base } => vec![(None, base.clone())],
         Layout::V1 { bases } => bases.iter().map(|(c, b)| (Some(c.clone()), b.clone())).collect(),
@@ -203,7 +220,7 @@ fn clean_stale_cgroups(layout: &Layout, prefix: &str) {
     for (ctrl, base) in bases {
         for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if !name.starts_with(prefix) || !e.path().is_dir() {
+            if !name.starts_with(prefix) || !e.path().is_dir() || keep.contains(&name) {
                 continue;
             }
             let g = stale.entry(name).or_default();
@@ -221,7 +238,7 @@ fn clean_stale_cgroups(layout: &Layout, prefix: &str) {
     }
 }
 
-fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
+fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found>), String> {
     let api_key = std::env::var("PVISOR_API_KEY").ok().filter(|k| !k.is_empty());
     if !o.listen.ip().is_loopback() && api_key.is_none() {
         return Err(format!(
@@ -233,14 +250,20 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
     let volumes = crate::volumes::Settings::new(&o.allow_host_paths, &o.data_dir)?;
     let run_dir = run_dir(&o.data_dir)?;
     let sandboxes_dir = o.data_dir.join("sandboxes");
-    clean_dir(&run_dir)?;
-    clean_dir(&sandboxes_dir)?;
+    let durable = !o.stop_sandboxes_on_exit;
+    // What a previous broker left running is found before anything is cleaned.
+    std::fs::create_dir_all(&run_dir).map_err(|e| format!("{}: {e}", run_dir.display()))?;
+    secure_dirs(&[&o.data_dir])?;
+    let recovery = crate::durable::recover(&o.data_dir, &run_dir, durable)?;
+    let keep = &recovery.keep;
+    clean_dir(&run_dir, &keep.run_files)?;
+    clean_dir(&sandboxes_dir, &keep.sandbox_dirs)?;
     let images = ImagePool::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
     secure_dirs(&[&o.data_dir, &o.data_dir.join("images"), &sandboxes_dir, &run_dir])?;
     let cgroup_prefix = cgroup_prefix(&o.data_dir);
     let cgroups = match Layout::detect() {
         Ok(l) => {
-            clean_stale_cgroups(&l, &cgroup_prefix);
+            clean_stale_cgroups(&l, &cgroup_prefix, &keep.cgroups);
             Some(l)
         }
         Err(e) if o.allow_no_cgroups => {
@@ -286,6 +309,8 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         ids,
         cgroups.clone(),
         cgroup_prefix.clone(),
+        durable,
+        recovery.images,
     )?;
     secure_dirs(&[&o.data_dir.join("mnt")])?;
     let host = pvisor_worker::vm::host::probe();
@@ -303,7 +328,7 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         }
     };
     let snapshots = crate::snapshot::open_store(&o.data_dir, &images)?;
-    Ok(Ctx {
+    let ctx = Ctx {
         listen: o.listen,
         data_dir: o.data_dir,
         run_dir,
@@ -326,7 +351,11 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         net,
         volumes,
         snapshots,
-    })
+        state: recovery.store,
+        durable,
+        persist: std::env::var_os("PVISOR_BENCH_NO_STATE").is_none(),
+    };
+    Ok((ctx, recovery.found))
 }
 
 async fn shutdown_signal() {
@@ -339,7 +368,14 @@ async fn shutdown_signal() {
 }
 
 pub async fn serve(o: ServeOptions) -> Result<(), String> {
-    let ctx = Arc::new(build_ctx(o)?);
+    let (ctx, found) = build_ctx(o)?;
+    let ctx = Arc::new(ctx);
+    // Before the first request: every sandbox a previous broker left is back.
+    let t = std::time::Instant::now();
+    let (records, live) = (found.len(), crate::durable::adopt::adopt_all(&ctx, found).await);
+    if records > 0 {
+        tracing::info!(records, live, took = ?t.elapsed(), "sandboxes of the previous broker re-adopted");
+    }
     // Warm workers first: the first request after a restart should not pay
     // for starting one.
     Pool::fill_now(&ctx).await;
@@ -378,9 +414,22 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => tracing::warn!("streams still open after {:?}; stopping anyway", SHUTDOWN_GRACE),
     }
+    if ctx.durable {
+        // Sandboxes and the image servers they use keep running; their
+        // records are current, and the next broker re-adopts them. Servers
+        // no live sandbox uses stop now.
+        ctx.pool.drain();
+        let in_use = ctx.registry.list().into_iter().filter(|e| e.worker_log().is_some()).map(|e| e.image_id.clone());
+        let in_use = in_use.collect();
+        let c = ctx.clone();
+        let _ = tokio::task::spawn_blocking(move || c.mounts.reap(&in_use, std::time::Duration::ZERO)).await;
+        tracing::info!(sandboxes = ctx.registry.list().len(), "pvisor stopped; sandboxes keep running");
+        return Ok(());
+    }
     for e in ctx.registry.list() {
         if let Some(e) = ctx.registry.remove(&e.id) {
             teardown(&e).await;
+            e.forget();
         }
     }
     ctx.pool.drain();

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from opensandbox.exceptions import SandboxApiException
 from opensandbox.models.sandboxes import SnapshotFilter
+from opensandbox.sync.sandbox import SandboxSync
 
 from conftest import SandboxFactory, _make_conn, _start_server
 from e2e_util import BUSYBOX, assert_error_json, run, sh, stdout_text, wait_until
@@ -211,11 +212,13 @@ def test_snapshot_survives_a_broker_restart(own_server):
         info = src.create_snapshot("restart")
         with SandboxManagerSync.create(connection_config=conn) as m:
             wait_ready(m, info.id)
-        f.created.clear()  # the restart ends them
-        own_server.stop()
+        own_server.stop()  # the source sandbox outlives it (cleaned up below)
         own_server.start()  # on a new port
         conn = _make_conn(own_server.addr)
         f.conn = conn
+        # The new broker re-adopted the source: clean it up through it.
+        src.close()
+        f.created = [SandboxSync.connect(src.id, connection_config=conn)]
         with SandboxManagerSync.create(connection_config=conn) as m:
             got = m.get_snapshot(info.id)
             assert got.status.state == "Ready" and got.name == "restart"

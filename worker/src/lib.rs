@@ -12,6 +12,7 @@ pub mod backend;
 pub mod cgroup;
 pub mod config;
 pub mod error;
+pub mod expiry;
 pub mod forward;
 pub mod harden;
 pub mod launch;

@@ -113,12 +113,18 @@ fn settle(ready: &watch::Sender<Readiness>, state: Readiness) {
     });
 }
 
-/// Exits the worker when the broker's end of the lifeline closes.
-fn watch_lifeline(fd: RawFd, sandbox: Option<Arc<dyn Sandbox>>) {
+/// Notices the broker's end of the lifeline closing (the broker is gone):
+/// a sandbox that outlives its broker only logs it (a restarted broker
+/// re-adopts it through the socket); otherwise the worker exits with it.
+fn watch_lifeline(fd: RawFd, sandbox: Option<Arc<dyn Sandbox>>, outlive: bool) {
     std::thread::spawn(move || {
         let mut b = [0u8; 1];
         // SAFETY: read(2) into a local buffer on an fd the broker handed us.
         while unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) } > 0 {}
+        if outlive && sandbox.is_some() {
+            eprintln!("pvisor-worker: the broker is gone; the sandbox keeps running");
+            return;
+        }
         if let Some(s) = sandbox {
             s.kill();
         }
@@ -130,6 +136,9 @@ fn watch_lifeline(fd: RawFd, sandbox: Option<Arc<dyn Sandbox>>) {
 fn watch_sandbox(sandbox: Arc<dyn Sandbox>) {
     std::thread::spawn(move || {
         let exit = sandbox.wait();
+        if pvisor_worker::expiry::EXPIRED.load(Ordering::SeqCst) {
+            std::process::exit(pvisor_worker::expiry::EXPIRED_EXIT_CODE);
+        }
         if SHUTTING_DOWN.load(Ordering::SeqCst) {
             std::process::exit(0);
         }
@@ -190,7 +199,7 @@ fn main() {
         Err(e) => fail(format!("seccomp: {e}")),
     }
     tracing::debug!(started = ?t_started, network = ?t_net.elapsed(), seccomp = ?t0.elapsed(), "worker start-up");
-    watch_lifeline(LIFELINE_FD, sandbox.clone());
+    watch_lifeline(LIFELINE_FD, sandbox.clone(), cfg.outlive_broker);
     let (ready_tx, ready_rx) = watch::channel(initial);
     let netd = netd.map(|mut n| {
         // A netd that dies before the sandbox is ready fails the start.
@@ -219,7 +228,9 @@ fn main() {
             .unwrap_or_else(|e| fail(e));
         // netd takes the link while the agent is connected and configured.
         let net_started = tokio::spawn(network_started(netd.clone()));
-        let svc = WorkerService::new(sandbox.clone(), netd, ready_rx, common.cgroup.clone(), common.limits);
+        let deadline = Arc::new(watch::channel(cfg.deadline_unix_ms.max(0)).0);
+        pvisor_worker::expiry::enforce(&deadline, sandbox.clone());
+        let svc = WorkerService::new(sandbox.clone(), netd, ready_rx, common.cgroup.clone(), common.limits, deadline);
         let mut router =
             tonic::transport::Server::builder().add_service(WorkerServer::new(svc)).add_service(reflection);
         if let Some(sb) = sandbox.clone() {

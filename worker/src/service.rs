@@ -4,7 +4,7 @@ use crate::cgroup::GroupPaths;
 use crate::config::Limits;
 use crate::netd::{Netd, NetdError};
 use pvisor_proto::worker::worker_server::Worker;
-use pvisor_proto::worker::{Empty, MetricsReply, ReadyReply};
+use pvisor_proto::worker::{Deadline, Empty, MetricsReply, ReadyReply};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::watch;
@@ -25,6 +25,8 @@ pub struct WorkerService {
     pub ready: watch::Receiver<Readiness>,
     pub cgroup: Option<GroupPaths>,
     pub limits: Limits,
+    /// The sandbox's expiry, enforced by [`crate::expiry`].
+    pub deadline: Arc<crate::expiry::Deadline>,
     cpu_sample: Mutex<(Instant, u64)>,
 }
 
@@ -35,9 +37,10 @@ impl WorkerService {
         ready: watch::Receiver<Readiness>,
         cgroup: Option<GroupPaths>,
         limits: Limits,
+        deadline: Arc<crate::expiry::Deadline>,
     ) -> Self {
         let used = cgroup.as_ref().and_then(|g| g.cpu_usage_us()).unwrap_or(0);
-        WorkerService { sandbox, netd, ready, cgroup, limits, cpu_sample: Mutex::new((Instant::now(), used)) }
+        WorkerService { sandbox, netd, ready, cgroup, limits, deadline, cpu_sample: Mutex::new((Instant::now(), used)) }
     }
 
     fn sandbox(&self) -> Result<Arc<dyn Sandbox>, Status> {
@@ -134,6 +137,15 @@ impl Worker for WorkerService {
         let netd = self.netd()?;
         let policy = req.into_inner();
         netd_status(tokio::task::spawn_blocking(move || netd.set_policy(&policy)).await)?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn set_deadline(&self, req: Request<Deadline>) -> Result<Response<Empty>, Status> {
+        let at = req.into_inner().unix_ms;
+        if at < 0 {
+            return Err(Status::invalid_argument("a deadline is a time after the epoch, or 0 for none"));
+        }
+        self.deadline.send_replace(at);
         Ok(Response::new(Empty {}))
     }
 

@@ -187,6 +187,9 @@ fn agent_unreachable(sb: &SandboxEntry) -> Option<String> {
     match s.state {
         SbState::Paused => Some("the sandbox is paused; resume it to read the entrypoint".into()),
         SbState::Failed => Some(format!("the sandbox failed ({})", s.reason.as_deref().unwrap_or("no reason"))),
+        SbState::Terminated => {
+            Some(format!("the sandbox was terminated ({})", s.reason.as_deref().unwrap_or("no reason")))
+        }
         SbState::Running => None,
     }
 }

@@ -115,6 +115,7 @@ pub async fn serve(sb: &SandboxEntry, method: &Method, body: &[u8]) -> Response 
         }
         tracing::info!(sandbox = %sb.id, mode = new.mode().as_str(), rules = new.egress.len(), "egress policy changed");
         *policy = Some(new);
+        sb.save_egress(policy.as_ref());
     }
     Json(outcome.reply).into_response()
 }

@@ -232,6 +232,7 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     let prepared = tokio::task::spawn_blocking(move || crate::volumes::prepare(&volumes, &c.volumes.store))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
+    let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
     let spec = LaunchSpec {
         id: id.clone(),
         root,
@@ -240,10 +241,10 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
         net,
         volumes: prepared.mounts,
         tmp_on_root: origin.tmp_on_root,
+        expires_at,
     };
     let (mut runtime, child) = launch::launch(&ctx, &spec).await?;
     runtime.volumes = Some(prepared.held);
-    let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
     let log = runtime.log.clone();
     let entry = Arc::new(
         SandboxEntry::new(id, new_token(), image_uri, entrypoint, expires_at, metadata, runtime)
@@ -252,8 +253,13 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
             .with_egress(policy),
     );
     entry.events.push(crate::sandbox::events::EventKind::Ready, None);
+    // On disk before anyone learns of it: a restarted broker finds it.
+    if ctx.persist {
+        entry.attach_store(ctx.state.clone());
+        entry.save();
+    }
     ctx.registry.insert(entry.clone());
-    launch::monitor(entry.clone(), child, log);
+    launch::monitor(ctx.clone(), entry.clone(), child, log);
     tracing::info!(sandbox = %entry.id, image = %entry.image_uri, "created");
     let v = view(&entry);
     let resp = CreateSandboxResponse {
@@ -309,7 +315,10 @@ pub async fn list(State(ctx): State<Arc<Ctx>>, RawQuery(raw): RawQuery) -> ApiRe
 
 pub async fn delete(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let entry = ctx.registry.remove(&id).ok_or_else(|| ApiError::sandbox_not_found(&id))?;
+    // Recorded as deleting first: a broker that dies now finishes it at restart.
+    entry.save();
     teardown(&entry).await;
+    entry.forget();
     tracing::info!(sandbox = %id, "deleted");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -348,7 +357,22 @@ pub async fn renew(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, body: By
         Ok(at)
     });
     let at = r.ok_or_else(|| ApiError::sandbox_not_found(&id))??;
+    if let Some(e) = ctx.registry.get(&id) {
+        e.save();
+        send_deadline(&e, at).await;
+    }
     Ok(Json(RenewResponse { expires_at: rfc3339(&at) }))
+}
+
+/// Tells the worker the new expiry, which it enforces when no broker runs.
+/// A worker that misses it would end the sandbox at the old time, so a
+/// failure is logged loudly; the broker's own sweep keeps the new time.
+async fn send_deadline(e: &SandboxEntry, at: DateTime<Utc>) {
+    let Ok(channel) = e.channel() else { return };
+    let d = pvisor_proto::worker::Deadline { unix_ms: at.timestamp_millis() };
+    if let Err(s) = WorkerClient::new(channel).set_deadline(d).await {
+        tracing::error!(sandbox = %e.id, "the worker did not take the new deadline: {}", s.message());
+    }
 }
 
 pub async fn endpoint(
@@ -432,6 +456,7 @@ pub async fn patch_metadata(
         }
         s.metadata.extend(set);
     }
+    e.save();
     Ok(Json(view(&e)))
 }
 

@@ -1,4 +1,5 @@
-//! Deletes sandboxes whose timeout has passed, and stops image servers no
+//! Deletes sandboxes whose timeout has passed, fails the sandboxes whose
+//! image server died (their root is gone), and stops image servers no
 //! sandbox has used for a while.
 use crate::server::Ctx;
 use std::sync::Arc;
@@ -14,12 +15,37 @@ pub fn spawn(ctx: Arc<Ctx>) {
             tick.tick().await;
             for e in ctx.registry.take_expired(chrono::Utc::now()) {
                 tracing::info!(sandbox = %e.id, "expired");
+                e.save();
                 super::teardown::teardown(&e).await;
+                e.forget();
             }
+            fail_rootless(&ctx, ctx.mounts.take_dead()).await;
             let in_use = ctx.registry.list().into_iter().map(|e| e.image_id.clone()).collect();
             let c = ctx.clone();
             // Stopping a server waits for it (briefly): off the async threads.
             let _ = tokio::task::spawn_blocking(move || c.mounts.reap(&in_use, c.image_idle)).await;
         }
     });
+}
+
+/// Fails the live ns sandboxes of images whose server died: their root file
+/// system answers ENOTCONN from now on, so they are reported Failed
+/// (`IMAGE_SERVER_EXITED`) and released, never left running broken.
+async fn fail_rootless(ctx: &Ctx, dead: Vec<String>) {
+    if dead.is_empty() {
+        return;
+    }
+    for e in ctx.registry.list() {
+        let ns = e.origin.backend != Some(pvisor_worker::config::BackendKind::Vm);
+        if !ns || !dead.contains(&e.image_id) || e.is_deleting() || e.worker_log().is_none() {
+            continue;
+        }
+        tracing::warn!(sandbox = %e.id, "the image server of its image exited");
+        e.set_state(
+            super::State::Failed,
+            Some(crate::durable::recover::IMAGE_SERVER_EXITED.into()),
+            Some("the image server of the sandbox's image exited; its root file system is gone".into()),
+        );
+        super::teardown::teardown(&e).await;
+    }
 }

@@ -5,8 +5,15 @@
 //!
 //! A server is started at the first create of its image and kept while the
 //! broker runs. A server that died is replaced at the next create of its
-//! image (its stale mount is detached first). At shutdown, servers are told
-//! to go (lifeline closed) and their mounts detached.
+//! image (its stale mount is detached first), and the live sandboxes of that
+//! image are failed (`IMAGE_SERVER_EXITED`: their root is gone, see
+//! [`ImageMounts::take_dead`]), never left silently broken.
+//!
+//! Durable brokers (the default) start servers without a lifeline, so they
+//! outlive the broker with their sandboxes; each server's identity is kept
+//! in `<run>/imaged-<id>.json`, and a restarted broker re-adopts the servers
+//! still alive ([`survivors`]). With `--stop-sandboxes-on-exit` a server's
+//! lifeline is a pipe from the broker and shutdown stops every server.
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -31,11 +38,123 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const SERVER_LIMITS: Limits = Limits { cpu_millis: 2000, memory_bytes: 256 << 20, pids: 64 };
 
 struct Server {
-    child: Child,
-    /// The broker's end of the server's lifeline.
-    _lifeline: OwnedFd,
+    /// Started by this broker (None: re-adopted after a restart).
+    child: Option<Child>,
+    /// Held for every server: waits and signals never reach a recycled pid.
+    pidfd: Option<OwnedFd>,
+    /// The broker's end of the server's lifeline (non-durable brokers).
+    lifeline: Option<OwnedFd>,
     mountpoint: PathBuf,
     cgroup: Option<GroupPaths>,
+    /// `<run>/imaged-<id>.json`, the server's identity for a later broker.
+    state_file: PathBuf,
+}
+
+impl Server {
+    /// Whether the server process still runs (a dead child is reaped).
+    fn alive(&mut self) -> bool {
+        if let Some(c) = self.child.as_mut() {
+            return matches!(c.try_wait(), Ok(None));
+        }
+        self.pidfd.as_ref().is_some_and(|fd| !crate::durable::proc::exited(fd))
+    }
+
+    fn kill(&mut self) {
+        match (self.child.as_mut(), self.pidfd.as_ref()) {
+            (Some(c), _) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            (None, Some(fd)) => crate::durable::proc::pidfd_signal(fd, libc::SIGKILL),
+            (None, None) => {}
+        }
+    }
+}
+
+/// What a restarted broker needs to find a server again.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ServerRecord {
+    image_id: String,
+    proc: crate::durable::proc::ProcId,
+    mountpoint: PathBuf,
+    #[serde(default)]
+    cgroup: Option<GroupPaths>,
+}
+
+/// A live server of a previous broker, found by [`survivors`].
+pub struct Survivor {
+    image_id: String,
+    pidfd: OwnedFd,
+    mountpoint: PathBuf,
+    cgroup: Option<GroupPaths>,
+    state_file: PathBuf,
+}
+
+impl Survivor {
+    /// The pool id of the image it serves.
+    pub fn image_id(&self) -> &str {
+        &self.image_id
+    }
+
+    /// Names the start-up cleanup must leave alone: files in the run dir,
+    /// the cgroup's name, the mount point's name.
+    pub fn keep(&self, keep: &mut crate::durable::Keep) {
+        let hex = hex_of(&self.image_id);
+        let short = &hex[..16.min(hex.len())];
+        keep.run_files.insert(format!("imaged-{short}.json"));
+        keep.run_files.insert(format!("imaged-{short}.log"));
+        if let Some(g) = &self.cgroup {
+            keep.cgroups.extend(crate::durable::cgroup_name(g));
+        }
+        if let Some(n) = self.mountpoint.file_name() {
+            keep.mounts.insert(n.to_string_lossy().into_owned());
+        }
+    }
+}
+
+/// True when `p` is a mount point (its device differs from its parent's).
+fn is_mounted(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Some(parent), Ok(m)) = (p.parent(), std::fs::metadata(p)) else { return false };
+    std::fs::metadata(parent).is_ok_and(|pm| pm.dev() != m.dev())
+}
+
+/// The image servers of a previous broker (records in `run_dir`) that still
+/// run with their mount in place. With `adopt` false (a non-durable broker,
+/// or a host restart), every one still running is killed instead.
+pub fn survivors(run_dir: &Path, adopt: bool) -> Vec<Survivor> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(run_dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("imaged-") && name.ends_with(".json")) {
+            continue;
+        }
+        let path = e.path();
+        let Some(rec) = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<ServerRecord>(&b).ok()) else {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        };
+        match rec.proc.open() {
+            Some(fd) if adopt && is_mounted(&rec.mountpoint) => {
+                tracing::info!(image = %rec.image_id, pid = rec.proc.pid, "re-adopting the image server");
+                out.push(Survivor {
+                    image_id: rec.image_id,
+                    pidfd: fd,
+                    mountpoint: rec.mountpoint,
+                    cgroup: rec.cgroup,
+                    state_file: path,
+                });
+            }
+            other => {
+                if let Some(fd) = other {
+                    tracing::info!(image = %rec.image_id, pid = rec.proc.pid, "stopping a previous broker's image server");
+                    crate::durable::proc::pidfd_signal(&fd, libc::SIGKILL);
+                }
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    out
 }
 
 /// What starting a server needs.
@@ -50,6 +169,8 @@ pub struct ImageMounts {
     cgroup_prefix: String,
     /// One slot per image, locked while its server is checked or started.
     servers: Mutex<HashMap<String, Slot>>,
+    /// Servers outlive the broker (no lifeline).
+    durable: bool,
 }
 
 type Slot = std::sync::Arc<Mutex<SlotState>>;
@@ -89,7 +210,9 @@ fn detach(p: &Path) {
 }
 
 impl ImageMounts {
-    /// Detaches mounts a previous broker of this data dir left behind.
+    /// Takes over the `survivors` of a previous broker and detaches every
+    /// other mount it left behind.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         imaged_bin: PathBuf,
         pool_dir: PathBuf,
@@ -98,12 +221,33 @@ impl ImageMounts {
         ids: IdMap,
         cgroups: Option<Layout>,
         cgroup_prefix: String,
+        durable: bool,
+        survivors: Vec<Survivor>,
     ) -> Result<ImageMounts, String> {
         std::fs::create_dir_all(&mount_dir).map_err(|e| format!("{}: {e}", mount_dir.display()))?;
+        let adopted: HashSet<PathBuf> = survivors.iter().map(|s| s.mountpoint.clone()).collect();
         for e in std::fs::read_dir(&mount_dir).map_err(|e| format!("{}: {e}", mount_dir.display()))?.flatten() {
+            if adopted.contains(&e.path()) {
+                continue;
+            }
             detach(&e.path());
             let _ = std::fs::remove_dir(e.path());
         }
+        let servers = survivors
+            .into_iter()
+            .map(|s| {
+                let server = Server {
+                    child: None,
+                    pidfd: Some(s.pidfd),
+                    lifeline: None,
+                    mountpoint: s.mountpoint,
+                    cgroup: s.cgroup,
+                    state_file: s.state_file,
+                };
+                let state = SlotState { server: Some(server), ..Default::default() };
+                (s.image_id, std::sync::Arc::new(Mutex::new(state)))
+            })
+            .collect();
         Ok(ImageMounts {
             imaged_bin,
             pool_dir,
@@ -112,8 +256,35 @@ impl ImageMounts {
             ids,
             cgroups,
             cgroup_prefix,
-            servers: Mutex::new(HashMap::new()),
+            servers: Mutex::new(servers),
+            durable,
         })
+    }
+
+    /// The images whose server died since the last call (each such server
+    /// is cleaned up: its stale mount detached, so the next create of the
+    /// image starts a new one). Their live sandboxes have lost their root.
+    pub fn take_dead(&self) -> Vec<String> {
+        let slots: Vec<(String, Slot)> = self
+            .servers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut dead = Vec::new();
+        for (id, slot) in slots {
+            // Busy (a create is checking or starting it): next time.
+            let Ok(mut st) = slot.try_lock() else { continue };
+            if st.server.as_mut().is_some_and(|s| !s.alive()) {
+                if let Some(s) = st.server.take() {
+                    tracing::warn!(image = %id, "image server exited");
+                    stop(s);
+                }
+                dead.push(id);
+            }
+        }
+        dead
     }
 
     /// The mounted image, starting its server if none runs. Blocking; a
@@ -130,13 +301,10 @@ impl ImageMounts {
             }
             slot.last_used = Instant::now();
             if let Some(s) = slot.server.as_mut() {
-                match s.child.try_wait() {
-                    Ok(None) => return Ok(s.mountpoint.clone()),
-                    Ok(Some(status)) => {
-                        tracing::warn!(image = %image.id, "image server exited ({status}); restarting")
-                    }
-                    Err(e) => tracing::warn!(image = %image.id, "image server: {e}; restarting"),
+                if s.alive() {
+                    return Ok(s.mountpoint.clone());
                 }
+                tracing::warn!(image = %image.id, "image server exited; restarting");
                 if let Some(old) = slot.server.take() {
                     stop(old);
                 }
@@ -193,6 +361,8 @@ impl ImageMounts {
         };
         let (ready_rd, ready_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
         let (life_rd, life_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+        // A durable server keeps running without the broker: the read end it
+        // gets is closed at once, and it watches no lifeline.
         let mut cmd = Command::new(&self.imaged_bin);
         cmd.arg("--pool").arg(&self.pool_dir).arg("--image").arg(&image.id).arg("--mountpoint").arg(&mountpoint);
         if self.ids.count > 1 {
@@ -200,7 +370,10 @@ impl ImageMounts {
         } else {
             cmd.arg("--owner").arg(format!("{}:{}", self.ids.uid_base, self.ids.gid_base));
         }
-        cmd.arg("--ready-fd").arg(READY_FD.to_string()).arg("--lifeline-fd").arg(LIFELINE_FD.to_string());
+        cmd.arg("--ready-fd").arg(READY_FD.to_string());
+        if !self.durable {
+            cmd.arg("--lifeline-fd").arg(LIFELINE_FD.to_string());
+        }
         // A file, not a pipe: nobody reads a pipe once the server runs, and a
         // full one would block it.
         let log_path = self.log_dir.join(format!("imaged-{}.log", &hex[..16.min(hex.len())]));
@@ -215,15 +388,20 @@ impl ImageMounts {
                 tracing::warn!("image server cgroup: {e}");
             }
         }
-        let mut server = Server { child, _lifeline: life_wr, mountpoint, cgroup };
+        let pidfd = crate::durable::proc::pidfd_open(child.id());
+        let state_file = self.log_dir.join(format!("imaged-{}.json", &hex[..16.min(hex.len())]));
+        let lifeline = (!self.durable).then_some(life_wr);
+        let mut server = Server { child: Some(child), pidfd, lifeline, mountpoint, cgroup, state_file };
         match wait_ready(ready_rd) {
             Ok(()) => {
                 tracing::info!(image = %image.id, mount = %server.mountpoint.display(), "image server ready");
+                if self.durable {
+                    self.record(image, &server);
+                }
                 Ok(server)
             }
             Err(e) => {
-                let _ = server.child.kill();
-                let _ = server.child.wait();
+                server.kill();
                 let err = std::fs::read_to_string(&log_path).unwrap_or_default();
                 let mountpoint = server.mountpoint.clone();
                 stop(server);
@@ -234,6 +412,26 @@ impl ImageMounts {
                     if err.is_empty() { String::new() } else { format!(": {}", err.trim()) }
                 ))
             }
+        }
+    }
+
+    /// Writes the server's identity for a later broker (best effort: without
+    /// it a restarted broker stops the server and fails its sandboxes).
+    fn record(&self, image: &ImageRecord, server: &Server) {
+        let Some(proc) = server.child.as_ref().and_then(|c| crate::durable::proc::ProcId::of(c.id())) else { return };
+        let rec = ServerRecord {
+            image_id: image.id.clone(),
+            proc,
+            mountpoint: server.mountpoint.clone(),
+            cgroup: server.cgroup.clone(),
+        };
+        let tmp = server.state_file.with_extension("tmp");
+        let written = serde_json::to_vec(&rec)
+            .map_err(std::io::Error::other)
+            .and_then(|b| std::fs::write(&tmp, b))
+            .and_then(|()| std::fs::rename(&tmp, &server.state_file));
+        if let Err(e) = written {
+            tracing::warn!(image = %image.id, "recording the image server: {e}");
         }
     }
 
@@ -268,22 +466,20 @@ fn wait_ready(fd: OwnedFd) -> Result<(), String> {
     }
 }
 
-/// Ends a server: its lifeline closes (it exits), it is reaped, its mount
-/// detached and its group removed.
+/// Ends a server: its lifeline closes (it exits; a durable server, which
+/// has none, is killed), it is reaped, its mount detached, its group and
+/// record removed.
 fn stop(mut s: Server) {
-    drop(s._lifeline);
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    loop {
-        match s.child.try_wait() {
-            Ok(Some(_)) | Err(_) => break,
-            Ok(None) if std::time::Instant::now() > deadline => {
-                let _ = s.child.kill();
-                let _ = s.child.wait();
-                break;
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+    if s.lifeline.take().is_some() {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while s.alive() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
+    if s.alive() {
+        s.kill();
+    }
+    let _ = std::fs::remove_file(&s.state_file);
     detach(&s.mountpoint);
     let _ = std::fs::remove_dir(&s.mountpoint);
     if let Some(g) = s.cgroup {

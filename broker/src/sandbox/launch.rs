@@ -12,6 +12,7 @@ use pvisor_proto::agent::AgentConfig;
 use pvisor_proto::worker as pb;
 use pvisor_proto::worker::worker_client::WorkerClient;
 use pvisor_worker::config::{BackendConfig, Limits, NsConfig, WorkerConfig};
+use pvisor_worker::expiry::EXPIRED_EXIT_CODE;
 use pvisor_worker::READY_TIMEOUT;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,6 +33,8 @@ pub struct LaunchSpec {
     pub volumes: Vec<pvisor_worker::config::Volume>,
     /// ns: keep `/tmp` in the root file system (a restored snapshot's).
     pub tmp_on_root: bool,
+    /// When the sandbox expires (the worker enforces it too).
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The limits of the sandbox's whole group. A vm's guest RAM is the memory
@@ -93,6 +96,8 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
             agent: Some(spec.agent.clone()),
             net: spec.net.clone(),
             backend: Some(backend),
+            outlive_broker: ctx.durable,
+            deadline_unix_ms: spec.expires_at.map(|t| t.timestamp_millis()).unwrap_or(0),
         };
         pvisor_worker::launch::send_config(config, &cfg).map_err(|e| format!("configure worker: {e}"))
     })();
@@ -105,8 +110,21 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
         Ok(channel) => {
             let worker_pid = child.id().unwrap_or(0);
             let worker_pidfd = super::teardown::pidfd_open(worker_pid);
+            let worker_proc = crate::durable::proc::ProcId::of(worker_pid);
+            let lifeline = Some(lifeline);
             Ok((
-                Runtime { channel, worker_pid, worker_pidfd, cgroup, state_dir, socket, log, lifeline, volumes: None },
+                Runtime {
+                    channel,
+                    worker_pid,
+                    worker_pidfd,
+                    worker_proc,
+                    cgroup,
+                    state_dir,
+                    socket,
+                    log,
+                    lifeline,
+                    volumes: None,
+                },
                 child,
             ))
         }
@@ -144,22 +162,54 @@ pub fn log_tail(path: &Path) -> String {
 }
 
 /// Watches the worker: if it exits while the sandbox is live, the sandbox is
-/// marked Failed with the reason and its resources are released.
-pub fn monitor(entry: Arc<SandboxEntry>, mut child: tokio::process::Child, log: PathBuf) {
+/// marked Failed with the reason and its resources are released; a worker
+/// that ended its expired sandbox itself ([`EXPIRED_EXIT_CODE`]) ends it as
+/// the expiry sweep would.
+pub fn monitor(ctx: Arc<Ctx>, entry: Arc<SandboxEntry>, mut child: tokio::process::Child, log: PathBuf) {
     // `log` lives until teardown, which runs after the tail is read.
     tokio::spawn(async move {
         let status = child.wait().await;
-        if entry.is_deleting() {
-            return;
-        }
-        let tail = log_tail(&log);
+        let expired = status.as_ref().is_ok_and(|s| s.code() == Some(EXPIRED_EXIT_CODE));
         let status = match status {
             Ok(s) => s.to_string(),
             Err(e) => e.to_string(),
         };
-        let msg = if tail.is_empty() { format!("worker {status}") } else { format!("worker {status}: {tail}") };
-        tracing::warn!(sandbox = %entry.id, "{msg}");
-        entry.set_state(State::Failed, Some("WORKER_EXITED".into()), Some(msg));
-        teardown(&entry).await;
+        worker_ended(&ctx, &entry, expired, &status, &log).await;
     });
+}
+
+/// [`monitor`] for a worker re-adopted after a broker restart (not a child
+/// of this broker): its exit is seen through its pidfd, without a status.
+pub fn monitor_adopted(ctx: Arc<Ctx>, entry: Arc<SandboxEntry>) {
+    let Some((fd, log)) = entry.worker_watch() else { return };
+    tokio::spawn(async move {
+        crate::durable::proc::wait_exit(&fd).await;
+        worker_ended(&ctx, &entry, false, "exited", &log).await;
+    });
+}
+
+/// Slack for a worker that ended its sandbox at the deadline a moment
+/// before the broker's sweep would have.
+const EXPIRY_SLACK: chrono::Duration = chrono::Duration::seconds(2);
+
+async fn worker_ended(ctx: &Ctx, entry: &Arc<SandboxEntry>, expired: bool, status: &str, log: &Path) {
+    // Deleted, or ended by someone else (its image server died) meanwhile.
+    if entry.is_deleting() || matches!(entry.status().state, State::Failed | State::Terminated) {
+        return;
+    }
+    let due = entry.status().expires_at.is_some_and(|t| t <= chrono::Utc::now() + EXPIRY_SLACK);
+    if expired || due {
+        if let Some(e) = ctx.registry.remove(&entry.id) {
+            tracing::info!(sandbox = %e.id, "expired (ended by its worker)");
+            e.save();
+            teardown(&e).await;
+            e.forget();
+        }
+        return;
+    }
+    let tail = log_tail(log);
+    let msg = if tail.is_empty() { format!("worker {status}") } else { format!("worker {status}: {tail}") };
+    tracing::warn!(sandbox = %entry.id, "{msg}");
+    entry.set_state(State::Failed, Some("WORKER_EXITED".into()), Some(msg));
+    teardown(entry).await;
 }

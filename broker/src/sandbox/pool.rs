@@ -56,7 +56,9 @@ impl WarmWorker {
             let cmd = pvisor_worker::launch::command(&ctx.worker_bin, cgroup.as_ref(), fds, logf)
                 .map_err(|e| e.to_string())?;
             let mut cmd = tokio::process::Command::from(cmd);
-            cmd.kill_on_drop(true);
+            // Not killed with its handle: an assigned worker outlives the
+            // broker (a warm one exits when its config pipe closes).
+            cmd.kill_on_drop(false);
             let child = cmd.spawn().map_err(|e| format!("spawn {}: {e}", ctx.worker_bin.display()))?;
             Ok(WarmWorker {
                 child,

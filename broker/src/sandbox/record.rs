@@ -17,6 +17,8 @@ pub enum State {
     Running,
     Paused,
     Failed,
+    /// Ended by something outside the sandbox (the host restarted).
+    Terminated,
 }
 
 impl State {
@@ -25,7 +27,12 @@ impl State {
             State::Running => "Running",
             State::Paused => "Paused",
             State::Failed => "Failed",
+            State::Terminated => "Terminated",
         }
+    }
+
+    pub fn parse(s: &str) -> Option<State> {
+        [State::Running, State::Paused, State::Failed, State::Terminated].into_iter().find(|x| x.as_str() == s)
     }
 }
 
@@ -49,12 +56,15 @@ pub struct Runtime {
     pub worker_pid: u32,
     /// A pidfd of the worker: signals through it can never hit a recycled pid.
     pub worker_pidfd: Option<OwnedFd>,
+    /// The worker's identity, so a restarted broker can find it again.
+    pub worker_proc: Option<crate::durable::proc::ProcId>,
     pub cgroup: Option<GroupPaths>,
     pub state_dir: PathBuf,
     pub socket: PathBuf,
     pub log: PathBuf,
-    /// The broker's end of the worker's lifeline pipe; dropping it ends the worker.
-    pub lifeline: OwnedFd,
+    /// The broker's end of the worker's lifeline pipe (closing it tells the
+    /// worker the broker is gone); none for a worker re-adopted after a restart.
+    pub lifeline: Option<OwnedFd>,
     /// The sandbox's named volumes in use (and those to delete with it).
     pub volumes: Option<crate::volumes::Held>,
 }
@@ -80,6 +90,12 @@ pub struct SandboxEntry {
     pub events: EventLog,
     /// What snapshots need to know of it (backend, env, its own snapshot).
     pub origin: crate::snapshot::Origin,
+    /// Where the record is kept on disk (unset in unit tests).
+    store: std::sync::OnceLock<std::sync::Arc<crate::durable::SandboxStore>>,
+    /// Serializes writes of the record, so the last change is the one on disk.
+    save_lock: Mutex<()>,
+    /// The egress policy as last saved (the live one is behind an async lock).
+    egress_saved: Mutex<Option<serde_json::Value>>,
 }
 
 impl SandboxEntry {
@@ -103,8 +119,116 @@ impl SandboxEntry {
 
     /// Records the sandbox's egress policy (`None`: no network).
     pub fn with_egress(mut self, policy: Option<Policy>) -> Self {
+        *self.egress_saved.get_mut().unwrap_or_else(|e| e.into_inner()) = policy.as_ref().map(Policy::to_json);
         self.egress = tokio::sync::Mutex::new(policy);
         self
+    }
+
+    /// A sandbox as a previous broker recorded it, with its re-adopted
+    /// runtime (None: nothing of it runs any more).
+    pub fn restored(rec: &crate::durable::SandboxRecord, runtime: Option<Runtime>) -> Self {
+        let policy = rec.egress.as_ref().and_then(|v| match Policy::from_json(v) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(sandbox = %rec.id, "recorded egress policy: {e}; the sandbox keeps its netd's");
+                None
+            }
+        });
+        let events = EventLog::default();
+        events.push(
+            EventKind::Created,
+            Some(format!("re-adopted after a broker restart (created {})", rfc3339(&rec.created_at))),
+        );
+        let mut e = SandboxEntry::new(
+            rec.id.clone(),
+            rec.token.clone(),
+            rec.image_uri.clone(),
+            rec.entrypoint.clone(),
+            rec.expires_at,
+            rec.metadata.clone(),
+            runtime,
+        )
+        .with_image_id(rec.image_id.clone())
+        .with_origin(rec.origin.clone())
+        .with_egress(policy);
+        e.created_at = rec.created_at;
+        e.events = events;
+        {
+            let s = e.status.get_mut().unwrap_or_else(|p| p.into_inner());
+            s.state = State::parse(&rec.state).unwrap_or(State::Failed);
+            s.reason = rec.reason.clone();
+            s.message = rec.message.clone();
+            s.since = rec.since;
+        }
+        e
+    }
+
+    /// Where the record is written from now on (once, at registry insert).
+    pub fn attach_store(&self, store: std::sync::Arc<crate::durable::SandboxStore>) {
+        let _ = self.store.set(store);
+    }
+
+    /// The record as it is now.
+    pub fn to_record(&self) -> crate::durable::SandboxRecord {
+        let s = self.status().clone();
+        let rt = self.runtime.lock().unwrap_or_else(|e| e.into_inner());
+        let worker = rt.as_ref().and_then(|r| {
+            r.worker_proc.clone().map(|proc| crate::durable::store::WorkerRecord {
+                proc,
+                socket: r.socket.clone(),
+                log: r.log.clone(),
+                state_dir: r.state_dir.clone(),
+                cgroup: r.cgroup.clone(),
+            })
+        });
+        let (volumes_in_use, volumes_to_delete) =
+            rt.as_ref().and_then(|r| r.volumes.as_ref()).map(|v| v.names()).unwrap_or_default();
+        drop(rt);
+        crate::durable::SandboxRecord {
+            id: self.id.clone(),
+            token: self.token.clone(),
+            image_uri: self.image_uri.clone(),
+            image_id: self.image_id.clone(),
+            entrypoint: self.entrypoint.clone(),
+            created_at: self.created_at,
+            state: s.state.as_str().into(),
+            reason: s.reason,
+            message: s.message,
+            since: s.since,
+            expires_at: s.expires_at,
+            metadata: s.metadata,
+            egress: self.egress_saved.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            origin: self.origin.clone(),
+            worker,
+            volumes_in_use,
+            volumes_to_delete,
+            deleting: self.is_deleting(),
+        }
+    }
+
+    /// Writes the record to disk (a failure is logged: the sandbox itself
+    /// is fine, only a restart would not find this change).
+    pub fn save(&self) {
+        let Some(store) = self.store.get() else { return };
+        let _serial = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = store.write(&self.to_record()) {
+            tracing::error!(sandbox = %self.id, "saving the sandbox's record: {e}");
+        }
+    }
+
+    /// Saves a changed egress policy.
+    pub fn save_egress(&self, policy: Option<&Policy>) {
+        *self.egress_saved.lock().unwrap_or_else(|e| e.into_inner()) = policy.map(Policy::to_json);
+        self.save();
+    }
+
+    /// Removes the record from disk (the sandbox is gone for good).
+    pub fn forget(&self) {
+        let Some(store) = self.store.get() else { return };
+        let _serial = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = store.remove(&self.id) {
+            tracing::error!(sandbox = %self.id, "removing the sandbox's record: {e}");
+        }
     }
 
     pub fn new(
@@ -114,7 +238,7 @@ impl SandboxEntry {
         entrypoint: Vec<String>,
         expires_at: Option<DateTime<Utc>>,
         metadata: BTreeMap<String, String>,
-        runtime: Runtime,
+        runtime: impl Into<Option<Runtime>>,
     ) -> Self {
         let now = Utc::now();
         let events = EventLog::default();
@@ -134,11 +258,14 @@ impl SandboxEntry {
                 expires_at,
                 metadata,
             }),
-            runtime: Mutex::new(Some(runtime)),
+            runtime: Mutex::new(runtime.into()),
             deleting: AtomicBool::new(false),
             egress: tokio::sync::Mutex::new(None),
             events,
             origin: Default::default(),
+            store: Default::default(),
+            save_lock: Mutex::new(()),
+            egress_saved: Mutex::new(None),
         }
     }
 
@@ -151,27 +278,33 @@ impl SandboxEntry {
             let detail = [reason.as_deref(), message.as_deref()].into_iter().flatten().collect::<Vec<_>>().join(": ");
             self.events.push(EventKind::Failed, Some(detail).filter(|d| !d.is_empty()));
         }
-        let mut s = self.status();
-        s.state = state;
-        s.reason = reason;
-        s.message = message;
-        s.since = Utc::now();
+        {
+            let mut s = self.status();
+            s.state = state;
+            s.reason = reason;
+            s.message = message;
+            s.since = Utc::now();
+        }
+        self.save();
     }
 
     /// Moves between live states (pause/resume) unless the sandbox failed or
     /// is being deleted meanwhile; returns whether it did.
     pub fn transition_live(&self, to: State) -> bool {
-        let mut s = self.status();
-        if s.state == State::Failed || self.is_deleting() {
-            return false;
+        {
+            let mut s = self.status();
+            if matches!(s.state, State::Failed | State::Terminated) || self.is_deleting() {
+                return false;
+            }
+            if s.state != to {
+                self.events.push(if to == State::Paused { EventKind::Paused } else { EventKind::Resumed }, None);
+            }
+            s.state = to;
+            s.reason = None;
+            s.message = None;
+            s.since = Utc::now();
         }
-        if s.state != to {
-            self.events.push(if to == State::Paused { EventKind::Paused } else { EventKind::Resumed }, None);
-        }
-        s.state = to;
-        s.reason = None;
-        s.message = None;
-        s.since = Utc::now();
+        self.save();
         true
     }
 
@@ -187,6 +320,13 @@ impl SandboxEntry {
 
     pub fn take_runtime(&self) -> Option<Runtime> {
         self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// A pidfd of the worker and its log, to watch its exit.
+    pub fn worker_watch(&self) -> Option<(OwnedFd, PathBuf)> {
+        let rt = self.runtime.lock().unwrap_or_else(|e| e.into_inner());
+        let r = rt.as_ref()?;
+        Some((r.worker_pidfd.as_ref()?.try_clone().ok()?, r.log.clone()))
     }
 
     /// The worker's log file, while the sandbox is live.

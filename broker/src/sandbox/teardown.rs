@@ -13,7 +13,18 @@ pub async fn teardown(entry: &Arc<SandboxEntry>) {
 }
 
 fn release(id: &str, rt: Runtime) {
-    let Runtime { worker_pid, worker_pidfd, cgroup, state_dir, socket, log, lifeline, channel, volumes } = rt;
+    let Runtime {
+        worker_pid,
+        worker_pidfd,
+        worker_proc: _,
+        cgroup,
+        state_dir,
+        socket,
+        log,
+        lifeline,
+        channel,
+        volumes,
+    } = rt;
     drop(channel);
     // SIGKILL the worker; its sandbox init dies with it (PDEATHSIG), and the
     // cgroup sweep below catches anything else.

@@ -16,8 +16,10 @@ pub mod take;
 use pvisor_worker::config::BackendKind;
 use store::{SnapshotRecord, SnapshotStore};
 
-/// What a snapshot needs to know of a sandbox, fixed at its create.
-#[derive(Clone, Debug, Default)]
+/// What a snapshot needs to know of a sandbox, fixed at its create (kept
+/// in the sandbox's record on disk, see [`crate::durable`]).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Origin {
     /// The sandbox's backend (None only for records made before this existed).
     pub backend: Option<BackendKind>,

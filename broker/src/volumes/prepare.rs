@@ -20,8 +20,33 @@ use std::path::Path;
 pub struct Held {
     store: Store,
     in_use: Vec<InUse>,
+    /// The names of `in_use`, in the same order (kept in the sandbox's record).
+    names: Vec<String>,
     /// Volumes this create made that go with the sandbox.
     delete: Vec<String>,
+}
+
+impl Held {
+    /// Names of the volumes held, and of those that go with the sandbox.
+    pub fn names(&self) -> (Vec<String>, Vec<String>) {
+        (self.names.clone(), self.delete.clone())
+    }
+
+    /// Takes the holds of a sandbox a previous broker started again (after
+    /// a restart); a volume that cannot be held any more is logged.
+    pub fn reacquire(store: &Store, in_use: &[String], delete: &[String]) -> Held {
+        let mut held = Held { store: store.clone(), in_use: Vec::new(), names: Vec::new(), delete: delete.to_vec() };
+        for name in in_use {
+            match store.hold(name) {
+                Ok(h) => {
+                    held.in_use.push(h);
+                    held.names.push(name.clone());
+                }
+                Err(e) => tracing::warn!(volume = %name, "re-holding a sandbox's volume: {e}"),
+            }
+        }
+        held
+    }
 }
 
 impl Drop for Held {
@@ -62,7 +87,7 @@ fn ensure_beneath(root: &Path, rel: &Path, shown: &str, escape: VolumeError) -> 
 
 /// Prepares a create's volumes (blocking: run it off the async runtime).
 pub fn prepare(checked: &[Checked], store: &Store) -> Result<Prepared, VolumeError> {
-    let mut held = Held { store: store.clone(), in_use: Vec::new(), delete: Vec::new() };
+    let mut held = Held { store: store.clone(), in_use: Vec::new(), names: Vec::new(), delete: Vec::new() };
     let mut mounts = Vec::with_capacity(checked.len());
     for c in checked {
         let (root, rel) = match &c.source {
@@ -83,6 +108,7 @@ pub fn prepare(checked: &[Checked], store: &Store) -> Result<Prepared, VolumeErr
                     }
                 }
                 held.in_use.push(store.hold(claim)?);
+                held.names.push(claim.clone());
                 let data = store.data_dir(claim);
                 if !sub.as_os_str().is_empty() {
                     let shown = format!("{claim}:{}", sub.display());

@@ -135,6 +135,7 @@ pub async fn start(env: &Env, spec: Spec) -> Worker {
             tmp_on_root: false,
         })),
         net: spec.net,
+        ..Default::default()
     };
     let log = std::fs::File::create(dir.path().join("worker.log")).unwrap();
     let fds = [listener.as_raw_fd(), life_rd.as_raw_fd(), cfg_rd.as_raw_fd()];
