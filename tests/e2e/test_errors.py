@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import subprocess
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -165,11 +165,10 @@ def _host_candidates(name: str, data_dir: Path) -> list[Path]:
 
 
 def _found_under(root: Path, name: str) -> list[str]:
-    hits = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        if name in filenames or name in dirnames:
-            hits.append(os.path.join(dirpath, name))
-    return hits
+    # find(1), not os.walk: the tree may hold other tests' deep directories
+    # (os.walk recurses in Python and fails past ~1000 levels).
+    out = subprocess.run(["find", str(root), "-xdev", "-name", name], capture_output=True, text=True)
+    return out.stdout.split()
 
 
 def test_upload_path_escape_sdk(sandbox, pvisor_server):
