@@ -170,15 +170,6 @@ pub fn secure_dirs(dirs: &[&Path]) -> Result<(), String> {
     Ok(())
 }
 
-fn clean_dir(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for e in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
-        let p = e.path();
-        let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
-    }
-    Ok(())
-}
-
 /// The cgroup name prefix of the broker serving `data_dir`: several brokers
 /// (different data dirs) can share a host and its cgroup hierarchies, and
 /// each must only ever clean up its own groups.
@@ -233,8 +224,9 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
     let volumes = crate::volumes::Settings::new(&o.allow_host_paths, &o.data_dir)?;
     let run_dir = run_dir(&o.data_dir)?;
     let sandboxes_dir = o.data_dir.join("sandboxes");
-    clean_dir(&run_dir)?;
-    clean_dir(&sandboxes_dir)?;
+    // Each failure is logged there; what could not go stays for the next start.
+    crate::sandbox::trees::clean_dir(&run_dir)?;
+    crate::sandbox::trees::clean_dir(&sandboxes_dir)?;
     let images = ImagePool::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
     secure_dirs(&[&o.data_dir, &o.data_dir.join("images"), &sandboxes_dir, &run_dir])?;
     let cgroup_prefix = cgroup_prefix(&o.data_dir);
