@@ -169,3 +169,23 @@ fn a_regular_file_is_just_unlinked() {
     std::fs::write(&f, "x").expect("write");
     assert_eq!(remove_tree(&f).expect("rm").entries, 1);
 }
+
+#[test]
+fn a_directory_moved_above_the_open_levels_fails_the_walk() {
+    let d = scratch();
+    chain(d.path(), 200);
+    let root = open_dir(d.path());
+    let level11 = d.path().join("d/".repeat(11).trim_end_matches('/'));
+    let mut moved = false;
+    let r = walk::<Error, _>(root.as_fd(), "t", WalkOptions::default(), |v| {
+        if v.depth == 150 && !moved {
+            // Level 11 now hangs from the root: climbing back through `..`
+            // would land somewhere else than the level-10 directory it left.
+            std::fs::rename(&level11, d.path().join("x")).expect("rename");
+            moved = true;
+        }
+        Ok(Control::Descend)
+    });
+    assert!(moved);
+    assert!(matches!(r, Err(Error::Changed { .. })), "{r:?}");
+}
