@@ -13,6 +13,9 @@ pub enum AgentError {
     Spawn { program: String, source: io::Error },
     #[error("{0}")]
     Conflict(String),
+    /// A walk of a tree (list, search, delete, copy) failed.
+    #[error(transparent)]
+    Tree(#[from] pvisor_fstree::Error),
 }
 
 impl AgentError {
@@ -29,6 +32,17 @@ impl From<AgentError> for tonic::Status {
             AgentError::InvalidArgument(_) => Status::invalid_argument(msg),
             AgentError::NotFound(_) => Status::not_found(msg),
             AgentError::Conflict(_) => Status::failed_precondition(msg),
+            AgentError::Tree(t) => match t.errno() {
+                Some(nix::errno::Errno::ENOENT) => Status::not_found(msg),
+                Some(nix::errno::Errno::EACCES) | Some(nix::errno::Errno::EPERM) => Status::permission_denied(msg),
+                Some(nix::errno::Errno::ENOTDIR) | Some(nix::errno::Errno::ENAMETOOLONG) => {
+                    Status::invalid_argument(msg)
+                }
+                Some(nix::errno::Errno::ENOSPC) | Some(nix::errno::Errno::EDQUOT) => Status::resource_exhausted(msg),
+                Some(_) => Status::internal(msg),
+                // Moved meanwhile, a mount point inside, entries keep appearing.
+                None => Status::failed_precondition(msg),
+            },
             AgentError::Spawn { source, .. } | AgentError::Io { source, .. } => match source.kind() {
                 io::ErrorKind::NotFound => Status::not_found(msg),
                 io::ErrorKind::PermissionDenied => Status::permission_denied(msg),

@@ -5,6 +5,7 @@
 //! such a path is a client bug worth reporting).
 use crate::error::{AgentError, Result};
 use crate::passwd;
+use crate::tree_ops;
 use pvisor_proto::agent::{FileInfo, PermissionEntry, ReplaceCount, ReplaceEntry};
 use std::fs::{self, File, Metadata};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -227,28 +228,19 @@ pub fn remove_dirs(paths: &[String]) -> Result<()> {
         if path == Path::new("/") {
             return Err(AgentError::InvalidArgument("refusing to remove /".into()));
         }
-        match fs::remove_dir_all(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(AgentError::io(path.display().to_string(), e)),
-        }
+        tree_ops::remove_tree(&path)?;
     }
     Ok(())
 }
 
-fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
-    let md = fs::symlink_metadata(src)?;
+fn copy_tree(src: &Path, dest: &Path) -> Result<()> {
+    let md = fs::symlink_metadata(src).map_err(io_err(src))?;
     if md.is_dir() {
-        fs::create_dir(dest)?;
-        for e in fs::read_dir(src)? {
-            let e = e?;
-            copy_tree(&e.path(), &dest.join(e.file_name()))?;
-        }
-        fs::set_permissions(dest, md.permissions())
+        tree_ops::copy_dir(src, dest)
     } else if md.file_type().is_symlink() {
-        std::os::unix::fs::symlink(fs::read_link(src)?, dest)
+        std::os::unix::fs::symlink(fs::read_link(src).map_err(io_err(src))?, dest).map_err(io_err(dest))
     } else {
-        fs::copy(src, dest).map(|_| ())
+        fs::copy(src, dest).map(|_| ()).map_err(io_err(dest))
     }
 }
 
@@ -262,12 +254,8 @@ pub fn rename(src: &str, dest: &str) -> Result<()> {
     match fs::rename(&src, &dest) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            copy_tree(&src, &dest).map_err(io_err(&dest))?;
-            if src.is_dir() {
-                fs::remove_dir_all(&src).map_err(io_err(&src))
-            } else {
-                fs::remove_file(&src).map_err(io_err(&src))
-            }
+            copy_tree(&src, &dest)?;
+            tree_ops::remove_tree(&src)
         }
         Err(e) => Err(AgentError::io(dest.display().to_string(), e)),
     }
@@ -300,27 +288,7 @@ pub fn list_dir(root: &str, depth: u32) -> Result<Vec<FileInfo>> {
     if !md.is_dir() {
         return Err(AgentError::InvalidArgument(format!("{} is not a directory", root.display())));
     }
-    let mut out = Vec::new();
-    walk(&root, depth.max(1), &mut |p, md| {
-        out.push(info_of(p, md));
-    })?;
-    Ok(out)
-}
-
-fn walk(dir: &Path, depth: u32, f: &mut dyn FnMut(&Path, &Metadata)) -> Result<()> {
-    let mut entries: Vec<_> = fs::read_dir(dir).map_err(io_err(dir))?.filter_map(|e| e.ok()).collect();
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let p = e.path();
-        let Ok(md) = fs::symlink_metadata(&p) else {
-            continue;
-        };
-        f(&p, &md);
-        if md.is_dir() && depth > 1 {
-            walk(&p, depth - 1, f)?;
-        }
-    }
-    Ok(())
+    tree_ops::list_dir(&root, depth)
 }
 
 /// Files under `root` whose name (or path relative to `root`, when the
@@ -331,19 +299,10 @@ pub fn search(root: &str, pattern: &str) -> Result<Vec<FileInfo>> {
     let pat = glob::Pattern::new(pattern)
         .map_err(|e| AgentError::InvalidArgument(format!("bad pattern {pattern:?}: {e}")))?;
     let opts = glob::MatchOptions { require_literal_separator: false, ..Default::default() };
-    let mut out = Vec::new();
-    walk(&root, u32::MAX, &mut |p, md| {
-        if md.is_dir() {
-            return;
-        }
-        let rel = p.strip_prefix(&root).unwrap_or(p);
-        let name = p.file_name().map(Path::new).unwrap_or(rel);
-        let subject = if pattern.contains('/') { rel } else { name };
-        if pattern == "**" || pat.matches_path_with(subject, opts) {
-            out.push(info_of(p, md));
-        }
-    })?;
-    Ok(out)
+    let by_path = pattern.contains('/');
+    tree_ops::search(&root, |name, rel| {
+        pattern == "**" || pat.matches_path_with(if by_path { rel } else { name }, opts)
+    })
 }
 
 #[cfg(test)]

@@ -24,4 +24,5 @@ pub mod server;
 pub mod service;
 pub mod session;
 pub mod spawn;
+pub mod tree_ops;
 pub mod tunnel;

@@ -181,20 +181,6 @@ pub fn secure_dirs(dirs: &[&Path]) -> Result<(), String> {
     Ok(())
 }
 
-/// Empties `dir`, but for the entries named in `keep` (those of sandboxes
-/// being re-adopted).
-fn clean_dir(dir: &Path, keep: &std::collections::HashSet<String>) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for e in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
-        if keep.contains(e.file_name().to_string_lossy().as_ref()) {
-            continue;
-        }
-        let p = e.path();
-        let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
-    }
-    Ok(())
-}
-
 /// The cgroup name prefix of the broker serving `data_dir`: several brokers
 /// (different data dirs) can share a host and its cgroup hierarchies, and
 /// each must only ever clean up its own groups.
@@ -256,8 +242,9 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
     secure_dirs(&[&o.data_dir])?;
     let recovery = crate::durable::recover(&o.data_dir, &run_dir, durable)?;
     let keep = &recovery.keep;
-    clean_dir(&run_dir, &keep.run_files)?;
-    clean_dir(&sandboxes_dir, &keep.sandbox_dirs)?;
+    // Each failure is logged there; what could not go stays for the next start.
+    crate::sandbox::trees::clean_dir(&run_dir, &keep.run_files)?;
+    crate::sandbox::trees::clean_dir(&sandboxes_dir, &keep.sandbox_dirs)?;
     let images = ImagePool::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
     secure_dirs(&[&o.data_dir, &o.data_dir.join("images"), &sandboxes_dir, &run_dir])?;
     let cgroup_prefix = cgroup_prefix(&o.data_dir);

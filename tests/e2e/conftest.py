@@ -31,6 +31,7 @@ from opensandbox.exceptions import SandboxApiException
 from opensandbox.sync import SandboxManagerSync, SandboxSync
 
 from e2e_util import BUSYBOX, REPO_ROOT, SMALL
+from user_files import binary_for_others, for_others
 
 # The SDK logs every failed call at ERROR with a traceback; polling loops make that
 # noise. Exceptions carry the details, so keep only its critical messages.
@@ -89,6 +90,8 @@ def import_images(binary: Path, data_dir: Path, archives: list[str], prefix: lis
         )
     for name in archives:
         f = src / name
+        if f.is_file() and prefix:
+            f = for_others(f)
         if not f.is_file():
             pytest.fail(
                 f"test image archive {f} ({IMAGE_ARCHIVES[name]}) is missing: rerun "
@@ -250,6 +253,8 @@ def _start_server(tmp_path_factory, name: str, archives: list[str], env: dict[st
             f"(or set PVISOR_BIN)",
             pytrace=False,
         )
+    if prefix:  # run as another user: the checkout may be private (e.g. under /root)
+        binary = binary_for_others(binary)
     base = tmp_path_factory.mktemp(name)
     data_dir = make_data_dir(name)
     if data_owner is not None:

@@ -19,6 +19,7 @@ from opensandbox.sync.sandbox import SandboxSync
 
 from conftest import _make_conn, free_port, images_dir, pvisor_bin
 from e2e_util import wait_healthy
+from user_files import binary_for_others, for_others
 
 USER = "pvisor-e2e"
 V1_CONTROLLERS = ["cpu", "cpuacct", "pids", "freezer"]
@@ -91,11 +92,14 @@ def delegated():
 
 def test_unprivileged_broker_serves_sandboxes(delegated, tmp_path):
     pw, groups, data = delegated
-    binary = pvisor_bin()
+    # The checkout may be private (a root user's clone under /root): the user
+    # gets copies it can reach.
+    binary = binary_for_others(pvisor_bin())
+    archive = for_others(images_dir() / "busybox.tar")
     port = free_port()
     join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in groups)
     user_cmd = (
-        f"{binary} image import {images_dir() / 'busybox.tar'} --data-dir {data} && "
+        f"{binary} image import {archive} --data-dir {data} && "
         f"exec {binary} serve --listen 127.0.0.1:{port} --data-dir {data}"
     )
     log = open(tmp_path / "server.log", "wb")

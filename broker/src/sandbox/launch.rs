@@ -133,9 +133,10 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
             let _ = child.wait().await;
             let tail = log_tail(&log);
             drop(lifeline);
+            let id = spec.id.clone();
             tokio::task::spawn_blocking(move || {
                 release_files(&socket, &log, cgroup.as_ref());
-                let _ = std::fs::remove_dir_all(&state_dir);
+                let _ = super::trees::remove_state_dir(&id, &state_dir);
             })
             .await
             .ok();

@@ -12,6 +12,7 @@ pub mod record;
 pub mod registry;
 pub mod rootfs;
 pub mod teardown;
+pub mod trees;
 pub mod vm;
 
 pub use record::{SandboxEntry, State};

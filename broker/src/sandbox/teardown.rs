@@ -39,11 +39,8 @@ fn release(id: &str, rt: Runtime) {
     }
     drop(lifeline);
     super::pool::release_files(&socket, &log, cgroup.as_ref());
-    if let Err(e) = std::fs::remove_dir_all(&state_dir) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(sandbox = id, "removing {}: {e}", state_dir.display());
-        }
-    }
+    // Iterative and fd-relative: the tenant shaped this tree (logged on failure).
+    let _ = super::trees::remove_state_dir(id, &state_dir);
     // Named volumes released (and those made for this sandbox alone deleted).
     drop(volumes);
     tracing::info!(sandbox = id, "sandbox torn down");

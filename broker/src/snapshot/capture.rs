@@ -45,6 +45,54 @@ pub enum CaptureError {
     Write(#[from] io::Error),
     #[error("{path}: {reason}")]
     Changed { path: String, reason: String },
+    #[error("{path}: the tree is deeper than a layer can hold ({MAX_DEPTH} levels, {MAX_PATH}-byte paths)")]
+    TooDeep { path: String },
+}
+
+/// Deepest directory level a capture walks into (an open fd each).
+pub const MAX_DEPTH: usize = 1024;
+/// Longest layer path a capture writes (PATH_MAX: what a restore can create).
+pub const MAX_PATH: usize = 4096;
+
+/// One directory being walked: its fd, layer path and names still to do.
+struct Frame {
+    dir: OwnedFd,
+    path: String,
+    /// In reverse order (popped from the end).
+    names: Vec<Vec<u8>>,
+}
+
+impl Frame {
+    fn open(dir: OwnedFd, path: String, skip: &[&str]) -> Result<Self, CaptureError> {
+        let dup = dir.try_clone().map_err(CaptureError::Write)?;
+        let mut d = Dir::from_fd(dup.into_raw_fd()).map_err(sys("readdir", &path))?;
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        for e in d.iter() {
+            let e = e.map_err(sys("readdir", &path))?;
+            let n = e.file_name().to_bytes();
+            if n != b"." && n != b".." && !skip.iter().any(|s| s.as_bytes() == n) {
+                names.push(n.to_vec());
+            }
+        }
+        names.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(Frame { dir, path, names })
+    }
+}
+
+/// The first and last bytes of a long path, for a message.
+fn abbreviate(path: &str) -> String {
+    if path.len() <= 200 {
+        return path.to_owned();
+    }
+    let mut head = 80;
+    while !path.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = path.len() - 80;
+    while !path.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{}…{}", &path[..head], &path[tail..])
 }
 
 /// What a capture wrote and left out.
@@ -196,26 +244,27 @@ impl<W: io::Write> Walker<W> {
 
     /// Writes the directory `dir` (already opened, at layer path `path`,
     /// which ends in `/` or is empty for the root) and everything under it.
+    /// Iterative (an explicit stack of open directories, never recursion):
+    /// the sandbox shaped this tree. Depth and path length are bounded
+    /// ([`MAX_DEPTH`], [`MAX_PATH`]); past them the capture fails.
     fn walk(&mut self, dir: OwnedFd, path: &str, skip_top: &[&str]) -> Result<(), CaptureError> {
-        let dup = dir.try_clone().map_err(CaptureError::Write)?;
-        let mut d = Dir::from_fd(dup.into_raw_fd()).map_err(sys("readdir", path))?;
-        let mut names: Vec<Vec<u8>> = Vec::new();
-        for e in d.iter() {
-            let e = e.map_err(sys("readdir", path))?;
-            let n = e.file_name().to_bytes();
-            if n != b"." && n != b".." {
-                names.push(n.to_vec());
-            }
-        }
-        names.sort();
-        for raw in names {
-            let name = String::from_utf8_lossy(&raw).into_owned();
-            if skip_top.contains(&name.as_str()) {
+        let mut stack = vec![Frame::open(dir, path.to_owned(), skip_top)?];
+        loop {
+            let depth = stack.len();
+            let Some(top) = stack.last_mut() else { break };
+            let Some(raw) = top.names.pop() else {
+                stack.pop();
                 continue;
+            };
+            let name = String::from_utf8_lossy(&raw).into_owned();
+            let cname = CString::new(raw).map_err(|e| CaptureError::Write(io::Error::other(e)))?;
+            let child = format!("{}{name}", top.path);
+            if child.len() > MAX_PATH || depth > MAX_DEPTH {
+                return Err(CaptureError::TooDeep { path: abbreviate(&child) });
             }
-            let cname = CString::new(raw.clone()).map_err(|e| CaptureError::Write(io::Error::other(e)))?;
-            let child = format!("{path}{name}");
-            self.entry(dir.as_fd(), &cname, &name, path, &child)?;
+            if let Some((fd, dir_path)) = self.entry(top.dir.as_fd(), &cname, &name, &top.path, &child)? {
+                stack.push(Frame::open(fd, dir_path, &[])?);
+            }
         }
         Ok(())
     }
@@ -227,19 +276,19 @@ impl<W: io::Write> Walker<W> {
         name: &str,
         parent: &str,
         path: &str,
-    ) -> Result<(), CaptureError> {
+    ) -> Result<Option<(OwnedFd, String)>, CaptureError> {
         let st = fstatat(Some(dir.as_raw_fd()), cname, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(sys("lstat", path))?;
         let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
         if kind == SFlag::S_IFCHR && st.st_rdev == 0 && self.source == Source::Upper {
-            return self.whiteout(parent, name, &st);
+            return self.whiteout(parent, name, &st).map(|()| None);
         }
         if st.st_dev != self.dev {
             self.stats.skipped_foreign += 1;
-            return Ok(());
+            return Ok(None);
         }
         let Some(ids) = self.map_ids(&st) else {
             self.stats.skipped_foreign += 1;
-            return Ok(());
+            return Ok(None);
         };
         self.stats.entries += 1;
         match kind {
@@ -253,25 +302,24 @@ impl<W: io::Write> Walker<W> {
                 if self.source == Source::Upper && overlay_flag(fd.as_fd(), "opaque") {
                     self.opaque(&dir_path, &st)?;
                 }
-                self.walk(fd, &dir_path, &[])
+                return Ok(Some((fd, dir_path)));
             }
-            SFlag::S_IFREG => self.file(dir, cname, name, parent, path, &st, ids),
+            SFlag::S_IFREG => self.file(dir, cname, name, parent, path, &st, ids)?,
             SFlag::S_IFLNK => {
                 let target = readlinkat(Some(dir.as_raw_fd()), cname).map_err(sys("readlink", path))?;
                 let h = self.header(EntryType::Symlink, &st, ids);
-                self.append_link(h, path, target.as_bytes())
+                self.append_link(h, path, target.as_bytes())?
             }
             SFlag::S_IFIFO => {
                 let mut h = self.header(EntryType::Fifo, &st, ids);
                 self.out.append_data(&mut h, path, io::empty())?;
-                Ok(())
             }
             _ => {
                 self.stats.entries -= 1;
                 self.stats.skipped_special += 1;
-                Ok(())
             }
         }
+        Ok(None)
     }
 
     fn opaque(&mut self, dir_path: &str, st: &FileStat) -> Result<(), CaptureError> {
@@ -415,4 +463,59 @@ pub fn init_root(pids: &[i32]) -> Option<PathBuf> {
         let fields: Vec<&str> = line.split_whitespace().skip(1).collect();
         (fields.len() >= 2 && fields.last() == Some(&"1")).then(|| PathBuf::from(format!("/proc/{pid}/root")))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::stat::mkdirat;
+
+    /// `levels` nested `d` directories under `top`, made fd-relative.
+    fn chain(top: &Path, levels: usize) {
+        let (mut fd, _) = open_root(top).expect("open");
+        for _ in 0..levels {
+            mkdirat(Some(fd.as_raw_fd()), c"d", Mode::from_bits_truncate(0o755)).expect("mkdirat");
+            fd = open_dir(fd.as_fd(), c"d", "d").expect("openat");
+        }
+    }
+
+    fn sources(upper: &Path) -> Sources<'_> {
+        let (uid, gid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+        Sources {
+            upper,
+            sandbox_root: None,
+            ids: IdMap { uid_base: uid.min(gid), gid_base: uid.min(gid), count: 1 + uid.abs_diff(gid) },
+        }
+    }
+
+    fn entries(tar: &Path) -> Vec<String> {
+        let mut a = tar::Archive::new(File::open(tar).expect("open"));
+        a.entries().expect("entries").map(|e| e.expect("entry").path().expect("path").display().to_string()).collect()
+    }
+
+    #[test]
+    fn a_deep_tree_is_captured_iteratively_up_to_the_bound() {
+        let d = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).expect("tempdir");
+        let upper = d.path().join("upper");
+        std::fs::create_dir(&upper).expect("mkdir");
+        chain(&upper, 1000);
+        let out = d.path().join("layer.tar");
+        let stats = capture(&sources(&upper), &out).expect("capture");
+        assert_eq!(stats.entries, 1000);
+        let names = entries(&out);
+        assert_eq!(names.len(), 1000);
+        assert_eq!(names.last().map(|n| n.len()), Some(1000 * 2), "d/d/…/d/");
+    }
+
+    #[test]
+    fn a_tree_100000_levels_deep_fails_the_capture_cleanly() {
+        let d = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).expect("tempdir");
+        let upper = d.path().join("upper");
+        std::fs::create_dir(&upper).expect("mkdir");
+        chain(&upper, 100_000);
+        let r = capture(&sources(&upper), &d.path().join("layer.tar"));
+        assert!(matches!(r, Err(CaptureError::TooDeep { .. })), "{r:?}");
+        assert!(r.is_err_and(|e| e.to_string().len() < 600), "the message is abbreviated");
+        pvisor_fstree::remove_tree(&upper).expect("cleanup");
+    }
 }

@@ -124,7 +124,11 @@ impl Store {
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) => Ok(false),
             Err(e) => Err(Self::err(name, "rename", e)),
         });
-        let _ = std::fs::remove_dir_all(&tmp);
+        if let Err(e) = pvisor_fstree::remove_tree(&tmp) {
+            if !e.is_not_found() {
+                tracing::warn!("removing {}: {e}", tmp.display());
+            }
+        }
         placed
     }
 
@@ -160,7 +164,8 @@ impl Store {
         let trash = self.root.join(format!(".rm-{name}-{}", suffix()));
         std::fs::rename(&dir, &trash).map_err(|e| Self::err(name, "rename", e))?;
         drop(lock);
-        std::fs::remove_dir_all(&trash).map_err(|e| Self::err(name, "remove", e))
+        // The content is the sandboxes': iterative, fd-relative, any depth.
+        pvisor_fstree::remove_tree(&trash).map(drop).map_err(|e| Self::err(name, "remove", e))
     }
 }
 
