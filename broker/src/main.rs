@@ -2,6 +2,7 @@
 mod api;
 mod cli;
 mod execd;
+mod http;
 mod sandbox;
 mod server;
 mod snapshot;
@@ -84,6 +85,8 @@ enum Cmd {
         /// (repeatable; none by default, so every host volume is refused).
         #[arg(long = "allow-host-path", value_name = "PREFIX")]
         allow_host_paths: Vec<PathBuf>,
+        #[command(flatten)]
+        http: Box<http::HttpLimits>,
     },
     /// Explain what this host supports and which backend `auto` picks.
     Doctor {
@@ -261,6 +264,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             net_dns,
             net_deny,
             allow_host_paths,
+            http,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -279,6 +283,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 net_dns,
                 net_deny,
                 allow_host_paths,
+                http: *http,
             })
             .await?;
         }

@@ -1,5 +1,8 @@
 //! `pvisor serve`: the broker daemon.
 use crate::api;
+use crate::http::admission::Admission;
+use crate::http::guard::Guard;
+use crate::http::HttpLimits;
 use crate::sandbox::backend::{self, BackendChoice};
 use crate::sandbox::images::ImageMounts;
 use crate::sandbox::net::{DefaultEgress, NetSettings};
@@ -50,6 +53,12 @@ pub struct Ctx {
     pub volumes: crate::volumes::Settings,
     /// Snapshot records (`<data>/snapshots`).
     pub snapshots: crate::snapshot::store::SnapshotStore,
+    /// What one client may make the server hold (`--max-*`, timeouts).
+    pub http: HttpLimits,
+    /// Heads, bodies and open streams of requests.
+    pub guard: Arc<Guard>,
+    /// Concurrent creates and sandboxes per server.
+    pub admission: Admission,
 }
 
 impl Ctx {
@@ -85,6 +94,8 @@ pub struct ServeOptions {
     pub net_deny: Vec<String>,
     /// `--allow-host-path`.
     pub allow_host_paths: Vec<PathBuf>,
+    /// `--max-*` and the client timeouts.
+    pub http: HttpLimits,
 }
 
 /// `/var/lib/pvisor` for root, else the user's data directory.
@@ -222,6 +233,7 @@ fn clean_stale_cgroups(layout: &Layout, prefix: &str) {
 }
 
 fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
+    o.http.check()?;
     let api_key = std::env::var("PVISOR_API_KEY").ok().filter(|k| !k.is_empty());
     if !o.listen.ip().is_loopback() && api_key.is_none() {
         return Err(format!(
@@ -326,6 +338,9 @@ fn build_ctx(o: ServeOptions) -> Result<Ctx, String> {
         net,
         volumes,
         snapshots,
+        guard: Guard::new(&o.http),
+        admission: Admission::new(o.http.max_concurrent_creates, o.http.max_sandboxes),
+        http: o.http,
     })
 }
 
@@ -355,29 +370,9 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
         "pvisor serving"
     );
     let app = api::router(ctx.clone());
-    // Small SSE frames and keep-alive clients: without TCP_NODELAY, Nagle
-    // meets the client's delayed ACK and a command waits ~40 ms per frame.
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY: {e}");
-        }
-    });
     // Open streams (SSE, metrics/watch) would hold a graceful shutdown
     // forever: give them a few seconds, then tear down regardless.
-    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
-    let signalled = stop.clone();
-    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown_signal().await;
-        signalled.notify_one();
-    });
-    tokio::select! {
-        r = serve => r.map_err(|e| e.to_string())?,
-        _ = async {
-            stop.notified().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => tracing::warn!("streams still open after {:?}; stopping anyway", SHUTDOWN_GRACE),
-    }
+    crate::http::conn::serve(listener, app, &ctx.http, shutdown_signal(), SHUTDOWN_GRACE).await;
     for e in ctx.registry.list() {
         if let Some(e) = ctx.registry.remove(&e.id) {
             teardown(&e).await;
