@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import resource
-import select
+import selectors
 import socket
 import threading
 import time
@@ -88,13 +88,15 @@ def open_half(port: int, n: int, payload: bytes) -> list[socket.socket]:
 
 def closed_by_server(socks: list[socket.socket], within: float) -> tuple[int, list[bytes]]:
     """Waits for the server to close each socket; returns how many it closed and what it sent."""
-    pending = {s.fileno(): s for s in socks}
+    sel = selectors.DefaultSelector()  # epoll: thousands of fds
+    for s in socks:
+        sel.register(s, selectors.EVENT_READ)
     data: dict[int, bytes] = {}
     closed = 0
     deadline = time.monotonic() + within
-    while pending and time.monotonic() < deadline:
-        ready, _, _ = select.select(list(pending.values())[:1000], [], [], 0.5)
-        for s in ready:
+    while closed < len(socks) and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=0.5):
+            s = key.fileobj
             try:
                 chunk = s.recv(65536)
             except ConnectionResetError:
@@ -103,7 +105,8 @@ def closed_by_server(socks: list[socket.socket], within: float) -> tuple[int, li
                 data[s.fileno()] = data.get(s.fileno(), b"") + chunk
                 continue
             closed += 1
-            pending.pop(s.fileno())
+            sel.unregister(s)
+    sel.close()
     return closed, list(data.values())
 
 
