@@ -79,17 +79,28 @@ pub fn finish(doc: &mut OpenApi) {
         .into();
     for (path, item) in doc.paths.paths.iter_mut() {
         let gated = path.starts_with("/v1/") || path.starts_with("/pvisor/");
-        let ops: [&mut Option<Operation>; 8] = [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.options,
-            &mut item.head,
-            &mut item.patch,
-            &mut item.trace,
+        let ops: [(&str, &mut Option<Operation>); 8] = [
+            ("get", &mut item.get),
+            ("put", &mut item.put),
+            ("post", &mut item.post),
+            ("delete", &mut item.delete),
+            ("options", &mut item.options),
+            ("head", &mut item.head),
+            ("patch", &mut item.patch),
+            ("trace", &mut item.trace),
         ];
-        for op in ops.into_iter().flatten() {
+        let ops: Vec<(&str, &mut Operation)> =
+            ops.into_iter().filter_map(|(m, o)| o.as_mut().map(|o| (m, o))).collect();
+        // Handler names repeat across modules (`create`, `list`) and a
+        // multi-method handler names several operations: ids must be unique,
+        // so the tag comes first, and the method last where one handler
+        // serves several.
+        let names: Vec<Option<String>> = ops.iter().map(|(_, o)| o.operation_id.clone()).collect();
+        for (method, op) in ops {
+            let tag = op.tags.as_ref().and_then(|t| t.first()).cloned().unwrap_or_default();
+            let name = op.operation_id.clone().unwrap_or_else(|| method.to_string());
+            let shared = names.iter().filter(|n| n.as_deref() == Some(name.as_str())).count() > 1;
+            op.operation_id = Some(if shared { format!("{tag}_{name}_{method}") } else { format!("{tag}_{name}") });
             op.responses.responses.entry("default".into()).or_insert_with(|| error.clone());
             if gated {
                 op.security = Some(vec![SecurityRequirement::new(API_KEY_SCHEME, Vec::<String>::new())]);
@@ -162,6 +173,14 @@ mod tests {
             }
         }
         assert!(ops > 20, "{ops} operations");
+        let ids: Vec<&str> = v["paths"]
+            .as_object()
+            .unwrap()
+            .values()
+            .flat_map(|item| item.as_object().unwrap().values().map(|op| op["operationId"].as_str().unwrap()))
+            .collect();
+        let unique: BTreeSet<&str> = ids.iter().copied().collect();
+        assert_eq!(unique.len(), ids.len(), "operation ids repeat: {ids:?}");
         assert!(v["components"]["schemas"]["CreateSandboxRequest"].is_object());
         assert!(v["components"]["schemas"]["ErrorBody"].is_object());
     }
