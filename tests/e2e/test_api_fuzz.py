@@ -102,7 +102,8 @@ def test_schemathesis_finds_nothing(fuzz_server, tmp_path):
         "--report", "junit", "--report-dir", str(tmp_path),
     ]
     t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=MAX_TIME + 240, env={**os.environ, "NO_COLOR": "1"})
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=MAX_TIME + 240,
+                       env={**os.environ, "NO_COLOR": "1"}, cwd=tmp_path)
     took = time.monotonic() - t0
     out = r.stdout[-12000:] + "\n" + r.stderr[-4000:]
     print(f"\nschemathesis exited {r.returncode} after {took:.0f}s\n{out}")

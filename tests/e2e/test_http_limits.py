@@ -29,6 +29,8 @@ MAX_BODY = 64 << 10
 MAX_SANDBOXES = 2
 HALF_OPEN = 3000
 SLOW_BODIES = 200
+MAX_STREAMS = 2
+MAX_CONNECTIONS = 50
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,7 @@ def srv(tmp_path_factory):
             "--max-body-bytes", str(MAX_BODY),
             "--max-sandboxes", str(MAX_SANDBOXES),
             "--max-concurrent-creates", "1",
+            "--max-streams", str(MAX_STREAMS),
         ],
     )
     yield s
@@ -251,3 +254,58 @@ def test_sandbox_cap_answers_429(srv, http):
     finally:
         for i in ids:
             http.delete(f"/v1/sandboxes/{i}")
+
+
+def test_stream_cap_answers_429(srv, http):
+    r = create(http)
+    assert r.status_code == 202, r.text
+    sid = r.json()["id"]
+    try:
+        ep = http.get(f"/v1/sandboxes/{sid}/endpoints/44772").json()
+        base, headers = f"http://{ep['endpoint']}", ep["headers"]
+        wait_until(lambda: httpx.get(f"{base}/ping", headers=headers, timeout=10).status_code == 200,
+                   timeout=30, what="the sandbox's execd")
+        with httpx.Client(timeout=30, headers=headers) as c:
+            streams = [c.stream("GET", f"{base}/metrics/watch") for _ in range(MAX_STREAMS)]
+            opened = [s.__enter__() for s in streams]
+            try:
+                assert all(o.status_code == 200 for o in opened)
+                body = assert_error_json(httpx.get(f"{base}/ping", headers=headers, timeout=10), 429)
+                assert body["code"] == "TOO_MANY_STREAMS"
+            finally:
+                for s in streams:
+                    s.__exit__(None, None, None)
+        # Closed streams give their slots back.
+        wait_until(lambda: httpx.get(f"{base}/ping", headers=headers, timeout=10).status_code == 200,
+                   timeout=30, what="a stream slot to be free again")
+    finally:
+        http.delete(f"/v1/sandboxes/{sid}")
+
+
+@pytest.fixture(scope="module")
+def small_srv(tmp_path_factory):
+    s = _start_server(tmp_path_factory, "pvisor-conncap", ["busybox.tar"], {},
+                      ["--backend", "ns", "--max-connections", str(MAX_CONNECTIONS),
+                       "--header-timeout-secs", "60"])
+    yield s
+    s.stop()
+
+
+def test_connections_over_the_cap_get_a_json_503(small_srv):
+    # Held open (a 60 s header timeout): the cap, not the timeout, decides.
+    held = open_half(small_srv.port, MAX_CONNECTIONS, b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    try:
+        over = socket.create_connection(("127.0.0.1", small_srv.port))
+        over.settimeout(10)
+        answer = b""
+        while chunk := over.recv(4096):
+            answer += chunk
+        over.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), answer[:300]
+        assert b'"code":"TOO_MANY_CONNECTIONS"' in body, answer[:300]
+    finally:
+        for s in held:
+            s.close()
+    wait_until(lambda: httpx.get(f"{small_srv.url}/health", timeout=5).status_code == 200,
+               timeout=30, what="/health once the held connections closed")
