@@ -156,7 +156,8 @@ def test_half_open_connections_and_slow_bodies_do_not_starve_the_server(srv, htt
     fd2, rss2 = fds(pid), rss_kib(pid)
     print(f"\nbroker fds: {fd0} before, {fd1} with {HALF_OPEN} half-open + {SLOW_BODIES} slow-body "
           f"connections, {fd2} after; RSS KiB: {rss0} before, {rss1} during, {rss2} after")
-    assert rss2 < rss0 + 64 * 1024, f"RSS stayed up: {rss0} -> {rss2} KiB"
+    # The accept loop returns freed heap after a burst (malloc_trim): RSS comes back near its start.
+    assert rss2 < rss0 + 16 * 1024, f"RSS stayed up: {rss0} -> {rss2} KiB"
     assert http.get("/health").status_code == 200
 
 

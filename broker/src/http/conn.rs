@@ -31,6 +31,12 @@ const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: applicat
 retry-after: 1\r\nconnection: close\r\ncontent-length: 70\r\n\r\n\
 {\"code\":\"TOO_MANY_CONNECTIONS\",\"message\":\"too many open connections\"}\n";
 
+/// After a burst of at least this many connections has drained to
+/// [`TRIM_BELOW`], the allocator is asked to give its free memory back: the
+/// buffers of thousands of closed connections would otherwise stay resident.
+const TRIM_AFTER: usize = 512;
+const TRIM_BELOW: usize = 64;
+
 /// Pause after an accept error (EMFILE and the like) before the next accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -76,8 +82,32 @@ struct Slots {
 
 struct Admit {
     global: Arc<Semaphore>,
+    max: usize,
     peers: Arc<PeerCounts>,
     per_peer: usize,
+    /// The most connections open at once since the last trim.
+    peak: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Admit {
+    fn open(&self) -> usize {
+        self.max - self.global.available_permits()
+    }
+}
+
+/// Returns freed heap to the system once a burst of connections is over.
+fn trim_after_burst(peak: &std::sync::atomic::AtomicUsize, open: usize) {
+    use std::sync::atomic::Ordering;
+    if open < TRIM_BELOW && peak.load(Ordering::Relaxed) >= TRIM_AFTER {
+        peak.store(open, Ordering::Relaxed);
+        #[cfg(target_env = "gnu")]
+        // SAFETY: malloc_trim only releases free memory of glibc's arenas; it
+        // takes the arenas' own locks and touches no memory still in use.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        tracing::debug!("connection burst over: free heap returned");
+    }
 }
 
 impl Admit {
@@ -114,8 +144,10 @@ pub async fn serve(
 ) {
     let admit = Admit {
         global: Arc::new(Semaphore::new(limits.max_connections)),
+        max: limits.max_connections,
         peers: Arc::default(),
         per_peer: limits.max_connections_per_peer,
+        peak: Arc::default(),
     };
     let builder = builder(limits);
     let graceful = GracefulShutdown::new();
@@ -136,6 +168,7 @@ pub async fn serve(
             refuse(tcp);
             continue;
         };
+        admit.peak.fetch_max(admit.open(), std::sync::atomic::Ordering::Relaxed);
         // Small SSE frames and keep-alive clients: without TCP_NODELAY, Nagle
         // meets the client's delayed ACK and a command waits ~40 ms per frame.
         if let Err(e) = tcp.set_nodelay(true) {
@@ -143,11 +176,13 @@ pub async fn serve(
         }
         let conn = builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
         let conn = graceful.watch(conn);
+        let (global, max, peak) = (admit.global.clone(), admit.max, admit.peak.clone());
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, "connection: {e}");
             }
             drop(slots);
+            trim_after_burst(&peak, max - global.available_permits());
         });
     }
     drop(listener);
