@@ -97,3 +97,19 @@ python_env() {
         touch "$VENV/.key-$key"
     fi
 }
+
+# The API fuzzer's venv (schemathesis, tests/e2e/test_api_fuzz.py), apart from the SDK's so
+# neither's pins move the other's; keyed by its requirements. Exports PVISOR_SCHEMATHESIS.
+api_fuzz_env() {
+    local req=$REPO/tests/apifuzz/requirements.txt venv=$PVISOR_CACHE/venv-fuzz
+    local key
+    key=$(sha256sum "$req" | cut -c1-16)
+    if [ ! -f "$venv/.key-$key" ]; then
+        log "API fuzzer environment ($venv)"
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+        touch "$venv/.key-$key"
+    fi
+    export PVISOR_SCHEMATHESIS=$venv/bin/schemathesis
+}

@@ -9,6 +9,7 @@ build
 guest_kernel
 test_images
 python_env
+api_fuzz_env
 cd "$REPO"
 log "cargo fmt --check"
 cargo fmt --all -- --check

@@ -3,6 +3,7 @@ mod api;
 mod cli;
 mod durable;
 mod execd;
+mod http;
 mod sandbox;
 mod server;
 mod snapshot;
@@ -89,6 +90,8 @@ enum Cmd {
         /// them running, and a restarted broker re-adopts them).
         #[arg(long)]
         stop_sandboxes_on_exit: bool,
+        #[command(flatten)]
+        http: Box<http::HttpLimits>,
     },
     /// Explain what this host supports and which backend `auto` picks.
     Doctor {
@@ -267,6 +270,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             net_deny,
             allow_host_paths,
             stop_sandboxes_on_exit,
+            http,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -286,6 +290,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 net_deny,
                 allow_host_paths,
                 stop_sandboxes_on_exit,
+                http: *http,
             })
             .await?;
         }

@@ -1,5 +1,8 @@
 //! `pvisor serve`: the broker daemon.
 use crate::api;
+use crate::http::admission::Admission;
+use crate::http::guard::Guard;
+use crate::http::HttpLimits;
 use crate::sandbox::backend::{self, BackendChoice};
 use crate::sandbox::images::ImageMounts;
 use crate::sandbox::net::{DefaultEgress, NetSettings};
@@ -58,6 +61,12 @@ pub struct Ctx {
     /// Benchmark only (`PVISOR_BENCH_NO_STATE=1`): creates write no record,
     /// to measure what the record costs (bench/durability.py).
     pub persist: bool,
+    /// What one client may make the server hold (`--max-*`, timeouts).
+    pub http: HttpLimits,
+    /// Heads, bodies and open streams of requests.
+    pub guard: Arc<Guard>,
+    /// Concurrent creates and sandboxes per server.
+    pub admission: Admission,
 }
 
 impl Ctx {
@@ -96,6 +105,8 @@ pub struct ServeOptions {
     /// `--stop-sandboxes-on-exit`: sandboxes end with the broker (at a
     /// clean stop and a crash alike) instead of being re-adopted.
     pub stop_sandboxes_on_exit: bool,
+    /// `--max-*` and the client timeouts.
+    pub http: HttpLimits,
 }
 
 /// `/var/lib/pvisor` for root, else the user's data directory.
@@ -225,6 +236,7 @@ fn clean_stale_cgroups(layout: &Layout, prefix: &str, keep: &std::collections::H
 }
 
 fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found>), String> {
+    o.http.check()?;
     let api_key = std::env::var("PVISOR_API_KEY").ok().filter(|k| !k.is_empty());
     if !o.listen.ip().is_loopback() && api_key.is_none() {
         return Err(format!(
@@ -341,6 +353,9 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         state: recovery.store,
         durable,
         persist: std::env::var_os("PVISOR_BENCH_NO_STATE").is_none(),
+        guard: Guard::new(&o.http),
+        admission: Admission::new(o.http.max_concurrent_creates, o.http.max_sandboxes),
+        http: o.http,
     };
     Ok((ctx, recovery.found))
 }
@@ -378,29 +393,9 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
         "pvisor serving"
     );
     let app = api::router(ctx.clone());
-    // Small SSE frames and keep-alive clients: without TCP_NODELAY, Nagle
-    // meets the client's delayed ACK and a command waits ~40 ms per frame.
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY: {e}");
-        }
-    });
     // Open streams (SSE, metrics/watch) would hold a graceful shutdown
     // forever: give them a few seconds, then tear down regardless.
-    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
-    let signalled = stop.clone();
-    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown_signal().await;
-        signalled.notify_one();
-    });
-    tokio::select! {
-        r = serve => r.map_err(|e| e.to_string())?,
-        _ = async {
-            stop.notified().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => tracing::warn!("streams still open after {:?}; stopping anyway", SHUTDOWN_GRACE),
-    }
+    crate::http::conn::serve(listener, app, &ctx.http, shutdown_signal(), SHUTDOWN_GRACE).await;
     if ctx.durable {
         // Sandboxes and the image servers they use keep running; their
         // records are current, and the next broker re-adopts them. Servers

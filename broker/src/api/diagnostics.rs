@@ -88,7 +88,7 @@ impl Scope {
 }
 
 /// The answer (the SDK's `DiagnosticContent`; `url` delivery is never used).
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DiagnosticContent {
     sandbox_id: String,
@@ -284,6 +284,9 @@ async fn answer(ctx: &Ctx, id: &str, kind: Kind, raw: Option<&str>) -> ApiResult
     }))
 }
 
+#[utoipa::path(get, path = "/sandboxes/{id}/diagnostics/logs", tag = "diagnostics",
+    params(("id" = String, Path, description = "sandbox id"), ("scope" = String, Query, description = "lifecycle, runtime or all")),
+    responses((status = 200, body = DiagnosticContent)))]
 pub async fn logs(
     State(ctx): State<Arc<Ctx>>,
     Path(id): Path<String>,
@@ -292,6 +295,9 @@ pub async fn logs(
     answer(&ctx, &id, Kind::Logs, raw.as_deref()).await
 }
 
+#[utoipa::path(get, path = "/sandboxes/{id}/diagnostics/events", tag = "diagnostics",
+    params(("id" = String, Path, description = "sandbox id"), ("scope" = String, Query, description = "lifecycle, runtime or all")),
+    responses((status = 200, body = DiagnosticContent)))]
 pub async fn events(
     State(ctx): State<Arc<Ctx>>,
     Path(id): Path<String>,

@@ -130,6 +130,10 @@ fn with_allow(e: ApiError) -> Response {
 }
 
 /// `/v1/sandboxes/{id}/networkpolicy`.
+#[utoipa::path(method(get, put, patch, delete), path = "/sandboxes/{id}/networkpolicy", tag = "egress",
+    params(("id" = String, Path, description = "sandbox id")),
+    request_body(content = Option<Object>, description = "the OpenSandbox egress policy (PUT) or an edit (PATCH)"),
+    responses((status = 200, description = "the policy now in force", body = Object)))]
 pub async fn lifecycle(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, method: Method, body: Bytes) -> Response {
     match ctx.registry.get(&id) {
         Some(sb) => serve(&sb, &method, &body).await,

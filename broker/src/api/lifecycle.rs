@@ -133,7 +133,14 @@ async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pvisor_im
     }
 }
 
-pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Response> {
+#[utoipa::path(post, path = "/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
+    responses((status = 202, description = "the sandbox, starting or running", body = CreateSandboxResponse)))]
+pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> Result<Response, Response> {
+    let _admitted = ctx.admission.admit(ctx.registry.list().len()).map_err(IntoResponse::into_response)?;
+    create_admitted(ctx, body).await.map_err(IntoResponse::into_response)
+}
+
+async fn create_admitted(ctx: Arc<Ctx>, body: Bytes) -> ApiResult<Response> {
     let req: CreateSandboxRequest = parse_json(&body)?;
     if req.template_id.is_some() {
         return Err(unsupported_field("templateId"));
@@ -273,6 +280,8 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> ApiResult<Respo
     Ok((StatusCode::ACCEPTED, Json(resp)).into_response())
 }
 
+#[utoipa::path(get, path = "/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    responses((status = 200, body = SandboxView)))]
 pub async fn get_one(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<Json<SandboxView>> {
     let e = lookup(&ctx, &id)?;
     Ok(Json(view(&e)))
@@ -290,6 +299,14 @@ fn parse_metadata_filter(raw: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+#[utoipa::path(get, path = "/sandboxes", tag = "sandboxes",
+    params(
+        ("state" = Option<Vec<String>>, Query, description = "states to keep (repeatable)", explode = true),
+        ("metadata" = Option<String>, Query, description = "k1=v1&k2=v2, each part percent-encoded"),
+        ("page" = Option<u64>, Query, minimum = 1, description = "from 1"),
+        ("pageSize" = Option<u64>, Query, minimum = 1, maximum = 200),
+    ),
+    responses((status = 200, body = ListSandboxesResponse)))]
 pub async fn list(State(ctx): State<Arc<Ctx>>, RawQuery(raw): RawQuery) -> ApiResult<Json<ListSandboxesResponse>> {
     let q = Query::parse(raw.as_deref());
     let states: Vec<String> = q.all("state").iter().map(|s| s.to_ascii_lowercase()).collect();
@@ -313,6 +330,8 @@ pub async fn list(State(ctx): State<Arc<Ctx>>, RawQuery(raw): RawQuery) -> ApiRe
     }))
 }
 
+#[utoipa::path(delete, path = "/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    responses((status = 204, description = "deleted")))]
 pub async fn delete(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let entry = ctx.registry.remove(&id).ok_or_else(|| ApiError::sandbox_not_found(&id))?;
     // Recorded as deleting first: a broker that dies now finishes it at restart.
@@ -330,6 +349,8 @@ fn parse_time(s: &str) -> Option<DateTime<Utc>> {
         .or_else(|| chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f").ok().map(|n| n.and_utc()))
 }
 
+#[utoipa::path(post, path = "/sandboxes/{id}/renew-expiration", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    request_body = RenewRequest, responses((status = 200, body = RenewResponse)))]
 pub async fn renew(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Json<RenewResponse>> {
     lookup(&ctx, &id)?;
     let req: RenewRequest = parse_json(&body)?;
@@ -375,6 +396,10 @@ async fn send_deadline(e: &SandboxEntry, at: DateTime<Utc>) {
     }
 }
 
+#[utoipa::path(get, path = "/sandboxes/{id}/endpoints/{port}", tag = "sandboxes",
+    params(("id" = String, Path, description = "sandbox id"), ("port" = String, Path, description = "a port inside the sandbox (1-65535)"),
+        ("use_server_proxy" = Option<bool>, Query, description = "an endpoint through this server's /v1 proxy")),
+    responses((status = 200, body = EndpointView)))]
 pub async fn endpoint(
     State(ctx): State<Arc<Ctx>>,
     Path((id, port)): Path<(String, String)>,
@@ -415,17 +440,25 @@ async fn worker_call(ctx: &Ctx, id: &str, pause: bool) -> ApiResult<()> {
     with_policy_locked(&e, !pause, call).await
 }
 
+#[utoipa::path(post, path = "/sandboxes/{id}/pause", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    responses((status = 202, description = "paused")))]
 pub async fn pause(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     worker_call(&ctx, &id, true).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
+#[utoipa::path(post, path = "/sandboxes/{id}/resume", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    responses((status = 202, description = "resumed")))]
 pub async fn resume(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     worker_call(&ctx, &id, false).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
 /// JSON merge patch of the metadata: a string sets a key, null deletes it.
+#[utoipa::path(patch, path = "/sandboxes/{id}/metadata", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),
+    request_body(content = BTreeMap<String, Option<String>>,
+        description = "JSON merge patch: a string sets a key, null deletes it"),
+    responses((status = 200, body = SandboxView)))]
 pub async fn patch_metadata(
     State(ctx): State<Arc<Ctx>>,
     Path(id): Path<String>,
@@ -460,6 +493,9 @@ pub async fn patch_metadata(
     Ok(Json(view(&e)))
 }
 
+#[utoipa::path(post, path = "/metrics/events", tag = "sandboxes",
+    request_body(content = Object, description = "a client metrics event (accepted and dropped)"),
+    responses((status = 204, description = "accepted")))]
 pub async fn metrics_event() -> StatusCode {
     StatusCode::NO_CONTENT
 }

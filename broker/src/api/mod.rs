@@ -11,6 +11,7 @@ pub mod error;
 pub mod lifecycle;
 pub mod limits;
 pub mod models;
+pub mod openapi;
 pub mod query;
 pub mod request_id;
 pub mod snapshots;
@@ -18,10 +19,12 @@ pub mod snapshots;
 use crate::execd;
 use crate::server::Ctx;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{any, get, post};
+use axum::routing::any;
 use axum::Router;
 use error::ApiError;
 use std::sync::Arc;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 async fn not_found() -> ApiError {
     ApiError::new(axum::http::StatusCode::NOT_FOUND, "NOT_FOUND", "no such route")
@@ -31,54 +34,78 @@ async fn method_not_allowed() -> ApiError {
     ApiError::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", "method not allowed on this route")
 }
 
-async fn health() -> axum::Json<serde_json::Value> {
-    axum::Json(serde_json::json!({"status": "healthy"}))
+/// `GET /health`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// Always `healthy` while the server answers.
+    pub status: &'static str,
 }
 
-async fn version() -> axum::Json<serde_json::Value> {
-    axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "name": "pvisor"}))
+#[utoipa::path(get, path = "/health", tag = "pvisor", responses((status = 200, body = Health)))]
+async fn health() -> axum::Json<Health> {
+    axum::Json(Health { status: "healthy" })
 }
 
-/// Largest buffered request body (JSON); uploads stream and have no limit.
-pub const MAX_BODY: usize = 16 << 20;
+/// `GET /version`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Version {
+    pub version: &'static str,
+    pub name: &'static str,
+}
 
-pub fn router(ctx: Arc<Ctx>) -> Router {
-    let data_plane = execd::dispatch_router(ctx.clone());
-    let v1 = Router::new()
-        .route("/sandboxes", post(lifecycle::create).get(lifecycle::list))
-        .route("/sandboxes/{id}", get(lifecycle::get_one).delete(lifecycle::delete))
-        .route("/sandboxes/{id}/renew-expiration", post(lifecycle::renew))
-        .route("/sandboxes/{id}/endpoints/{port}", get(lifecycle::endpoint))
-        .route("/sandboxes/{id}/pause", post(lifecycle::pause))
-        .route("/sandboxes/{id}/resume", post(lifecycle::resume))
-        .route("/sandboxes/{id}/metadata", axum::routing::patch(lifecycle::patch_metadata))
-        .route(
-            "/sandboxes/{id}/networkpolicy",
-            get(egress::lifecycle).put(egress::lifecycle).patch(egress::lifecycle).delete(egress::lifecycle),
-        )
-        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
-        .route("/snapshots", get(snapshots::list))
-        .route("/snapshots/{sid}", get(snapshots::get_one).delete(snapshots::delete))
+#[utoipa::path(get, path = "/version", tag = "pvisor", responses((status = 200, body = Version)))]
+async fn version() -> axum::Json<Version> {
+    axum::Json(Version { version: env!("CARGO_PKG_VERSION"), name: "pvisor" })
+}
+
+/// A router of the shared state, documented as it is built.
+pub type ApiRouter = OpenApiRouter<Arc<Ctx>>;
+
+/// Every route: the documented ones through `routes!` (route and operation
+/// at once, see [`openapi`]), the others ([`openapi::UNDOCUMENTED`]) plain.
+/// `gate` puts the API-key check on the `/v1` and `/pvisor` routes.
+pub fn routes(gate: &dyn Fn(ApiRouter) -> ApiRouter) -> ApiRouter {
+    let data_plane = ApiRouter::from(execd::dispatch_router());
+    let v1 = ApiRouter::new()
+        .routes(routes!(lifecycle::create, lifecycle::list))
+        .routes(routes!(lifecycle::get_one, lifecycle::delete))
+        .routes(routes!(lifecycle::renew))
+        .routes(routes!(lifecycle::endpoint))
+        .routes(routes!(lifecycle::pause))
+        .routes(routes!(lifecycle::resume))
+        .routes(routes!(lifecycle::patch_metadata))
+        .routes(routes!(egress::lifecycle))
+        .routes(routes!(snapshots::create))
+        .routes(routes!(snapshots::list))
+        .routes(routes!(snapshots::get_one, snapshots::delete))
         .route("/snapshots/{sid}/{*rest}", any(snapshots::unsupported))
         .route("/templates", any(lifecycle::unsupported))
         .route("/templates/{*rest}", any(lifecycle::unsupported))
-        .route("/sandboxes/{id}/diagnostics/logs", get(diagnostics::logs))
-        .route("/sandboxes/{id}/diagnostics/events", get(diagnostics::events))
-        .route("/metrics/events", post(lifecycle::metrics_event))
-        .merge(data_plane.clone())
-        .route_layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::require_api_key));
-    Router::new()
-        .route("/health", get(health))
-        .route("/version", get(version))
-        .nest("/v1", v1)
-        .nest(
-            "/pvisor",
-            admin::router().route_layer(axum::middleware::from_fn_with_state(ctx.clone(), auth::require_api_key)),
-        )
+        .routes(routes!(diagnostics::logs))
+        .routes(routes!(diagnostics::events))
+        .routes(routes!(lifecycle::metrics_event))
+        .merge(data_plane.clone());
+    ApiRouter::new()
+        .routes(routes!(health))
+        .routes(routes!(version))
+        .routes(routes!(openapi::serve))
+        .nest("/v1", gate(v1))
+        .nest("/pvisor", gate(admin::router()))
         .merge(data_plane)
+}
+
+pub fn router(ctx: Arc<Ctx>) -> Router {
+    let key = ctx.clone();
+    let gate =
+        move |r: ApiRouter| r.route_layer(axum::middleware::from_fn_with_state(key.clone(), auth::require_api_key));
+    let (router, doc) = routes(&gate).split_for_parts();
+    openapi::publish(doc);
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY))
+        // The guard bounds every body (crate::http::guard) and answers in JSON.
+        .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(ctx.guard.clone(), crate::http::guard::layer))
         .layer(axum::middleware::from_fn(request_id::layer))
         .with_state(ctx)
 }

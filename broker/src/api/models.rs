@@ -1,8 +1,9 @@
 //! Lifecycle API wire types (camelCase; optional fields omitted, never null).
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use utoipa::ToSchema;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageSpec {
     pub uri: String,
@@ -11,14 +12,14 @@ pub struct ImageSpec {
     pub auth: Option<ImageAuth>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct ImageAuth {
     pub username: Option<String>,
     pub password: Option<String>,
 }
 
 /// `POST /v1/sandboxes`. Unknown fields are tolerated (newer SDKs send more).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateSandboxRequest {
     pub image: Option<ImageSpec>,
@@ -51,7 +52,7 @@ pub struct CreateSandboxRequest {
 }
 
 /// The status of a sandbox or of a snapshot, as the API shows both.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusView {
     pub state: String,
@@ -62,12 +63,12 @@ pub struct StatusView {
     pub last_transition_at: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ImageRef {
     pub uri: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxView {
     pub id: String,
@@ -87,7 +88,7 @@ pub struct SandboxView {
     pub extensions: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateSandboxResponse {
     pub id: String,
@@ -100,7 +101,7 @@ pub struct CreateSandboxResponse {
     pub metadata: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Pagination {
     pub page: u64,
@@ -110,25 +111,25 @@ pub struct Pagination {
     pub has_next_page: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ListSandboxesResponse {
     pub items: Vec<SandboxView>,
     pub pagination: Pagination,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RenewRequest {
     pub expires_at: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RenewResponse {
     pub expires_at: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct EndpointView {
     pub endpoint: String,
     pub headers: BTreeMap<String, String>,

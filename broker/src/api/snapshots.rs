@@ -21,13 +21,13 @@ use std::sync::Arc;
 /// The entrypoint of a restore that names none (as the reference).
 pub const RESTORE_ENTRYPOINT: [&str; 3] = ["tail", "-f", "/dev/null"];
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 struct CreateSnapshotRequest {
     #[serde(default)]
     name: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SnapshotView {
     pub id: String,
@@ -38,7 +38,7 @@ pub struct SnapshotView {
     pub status: StatusView,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ListSnapshotsResponse {
     pub items: Vec<SnapshotView>,
     pub pagination: Pagination,
@@ -79,6 +79,10 @@ fn new_id() -> String {
 }
 
 /// `POST /v1/sandboxes/{id}/snapshots`: 202 with the record (`Creating`).
+#[utoipa::path(post, path = "/sandboxes/{id}/snapshots", tag = "snapshots",
+    params(("id" = String, Path, description = "sandbox id")),
+    request_body(content = Option<CreateSnapshotRequest>, description = "optional"),
+    responses((status = 202, description = "accepted; it completes in the background", body = SnapshotView)))]
 pub async fn create(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
     let req: CreateSnapshotRequest =
         if body.iter().all(u8::is_ascii_whitespace) { Default::default() } else { parse_json(&body)? };
@@ -124,6 +128,15 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, body: B
 
 /// `GET /v1/snapshots`: filters `sandboxId`, `name`, `state` (repeatable,
 /// ORed), paging as the sandbox list; newest first.
+#[utoipa::path(get, path = "/snapshots", tag = "snapshots",
+    params(
+        ("sandboxId" = Option<Vec<String>>, Query, description = "only these sandboxes' snapshots", explode = true),
+        ("name" = Option<Vec<String>>, Query, description = "only snapshots of these names", explode = true),
+        ("state" = Option<Vec<String>>, Query, explode = true),
+        ("page" = Option<u64>, Query, minimum = 1),
+        ("pageSize" = Option<u64>, Query, minimum = 1, maximum = 200),
+    ),
+    responses((status = 200, body = ListSnapshotsResponse)))]
 pub async fn list(State(ctx): State<Arc<Ctx>>, RawQuery(raw): RawQuery) -> ApiResult<Json<ListSnapshotsResponse>> {
     let q = Query::parse(raw.as_deref());
     let states: Vec<String> = q.all("state").iter().map(|s| s.to_ascii_lowercase()).collect();
@@ -148,6 +161,8 @@ pub async fn list(State(ctx): State<Arc<Ctx>>, RawQuery(raw): RawQuery) -> ApiRe
 }
 
 /// `GET /v1/snapshots/{sid}`.
+#[utoipa::path(get, path = "/snapshots/{sid}", tag = "snapshots",
+    params(("sid" = String, Path, description = "snapshot id")), responses((status = 200, body = SnapshotView)))]
 pub async fn get_one(State(ctx): State<Arc<Ctx>>, Path(sid): Path<String>) -> ApiResult<Json<SnapshotView>> {
     ctx.snapshots.get(&sid).map(|r| Json(view(&r))).ok_or_else(|| not_found(&sid))
 }
@@ -155,6 +170,8 @@ pub async fn get_one(State(ctx): State<Arc<Ctx>>, Path(sid): Path<String>) -> Ap
 /// `DELETE /v1/snapshots/{sid}`: 204, synchronous (the next GET is 404).
 /// A restore running from it keeps working: its image server holds the
 /// image's index and packs open, and gc never takes what readers hold.
+#[utoipa::path(delete, path = "/snapshots/{sid}", tag = "snapshots",
+    params(("sid" = String, Path, description = "snapshot id")), responses((status = 204, description = "deleted")))]
 pub async fn delete(State(ctx): State<Arc<Ctx>>, Path(sid): Path<String>) -> ApiResult<StatusCode> {
     let marked = ctx
         .snapshots

@@ -95,7 +95,7 @@ fn execd_router() -> Router {
 }
 
 /// Routes `/sandboxes/{id}/proxy/{port}[/...]` to [`dispatch`].
-pub fn dispatch_router(_ctx: Arc<Ctx>) -> Router<Arc<Ctx>> {
+pub fn dispatch_router() -> Router<Arc<Ctx>> {
     let inner = execd_router();
     let handler = move |State(ctx): State<Arc<Ctx>>, Path(p): Path<HashMap<String, String>>, req: Request| {
         let inner = inner.clone();
