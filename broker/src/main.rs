@@ -84,6 +84,14 @@ enum Cmd {
         /// (repeatable; none by default, so every host volume is refused).
         #[arg(long = "allow-host-path", value_name = "PREFIX")]
         allow_host_paths: Vec<PathBuf>,
+        /// Disk bound of an ns sandbox's writable layer (and upper size of its
+        /// /tmp) when its create names none (`resourceLimits`
+        /// `ephemeral-storage`): a quantity such as 10Gi, or 0 for none. Root
+        /// only (a loop-mounted ext4 per sandbox); an unprivileged broker
+        /// bounds /tmp and /dev/shm by the memory limit only.
+        #[arg(long, value_name = "SIZE", default_value = sandbox::disk::DEFAULT_LIMIT,
+              value_parser = parse_disk_limit)]
+        disk_limit: u64,
     },
     /// Explain what this host supports and which backend `auto` picks.
     Doctor {
@@ -243,6 +251,14 @@ struct PoolArgs {
     data_dir: Option<PathBuf>,
 }
 
+/// `--disk-limit`: `0` or a quantity the API would accept.
+fn parse_disk_limit(s: &str) -> Result<u64, String> {
+    match s.trim() {
+        "0" => Ok(0),
+        q => api::limits::parse_bytes("ephemeral-storage", q).map_err(|e| e.to_string()),
+    }
+}
+
 async fn run(cli: Cli) -> Result<i32, String> {
     match cli.cmd {
         Cmd::Serve {
@@ -261,6 +277,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             net_dns,
             net_deny,
             allow_host_paths,
+            disk_limit,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -279,6 +296,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 net_dns,
                 net_deny,
                 allow_host_paths,
+                disk_limit,
             })
             .await?;
         }
