@@ -109,7 +109,14 @@ fn out_of_range(key: &'static str, value: &str, range: String) -> LimitError {
     LimitError::OutOfRange { key, value: value.into(), range }
 }
 
-fn check(key: &'static str, value: &str, v: u64, min: u64, max: u64, show: fn(u64) -> String) -> Result<u64, LimitError> {
+fn check(
+    key: &'static str,
+    value: &str,
+    v: u64,
+    min: u64,
+    max: u64,
+    show: fn(u64) -> String,
+) -> Result<u64, LimitError> {
     if (min..=max).contains(&v) {
         return Ok(v);
     }
