@@ -92,6 +92,14 @@ enum Cmd {
         stop_sandboxes_on_exit: bool,
         #[command(flatten)]
         http: Box<http::HttpLimits>,
+        /// Disk bound of an ns sandbox's writable layer (and upper size of its
+        /// /tmp) when its create names none (`resourceLimits`
+        /// `ephemeral-storage`): a quantity such as 10Gi, or 0 for none. Root
+        /// only (a loop-mounted ext4 per sandbox); an unprivileged broker
+        /// bounds /tmp and /dev/shm by the memory limit only.
+        #[arg(long, value_name = "SIZE", default_value = sandbox::disk::DEFAULT_LIMIT,
+              value_parser = parse_disk_limit)]
+        disk_limit: u64,
     },
     /// Explain what this host supports and which backend `auto` picks.
     Doctor {
@@ -251,6 +259,14 @@ struct PoolArgs {
     data_dir: Option<PathBuf>,
 }
 
+/// `--disk-limit`: `0` or a quantity the API would accept.
+fn parse_disk_limit(s: &str) -> Result<u64, String> {
+    match s.trim() {
+        "0" => Ok(0),
+        q => api::limits::parse_bytes("ephemeral-storage", q).map_err(|e| e.to_string()),
+    }
+}
+
 async fn run(cli: Cli) -> Result<i32, String> {
     match cli.cmd {
         Cmd::Serve {
@@ -271,6 +287,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             allow_host_paths,
             stop_sandboxes_on_exit,
             http,
+            disk_limit,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -291,6 +308,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 allow_host_paths,
                 stop_sandboxes_on_exit,
                 http: *http,
+                disk_limit,
             })
             .await?;
         }

@@ -31,6 +31,10 @@ pub struct Ctx {
     pub worker_bin: PathBuf,
     pub agent_bin: PathBuf,
     pub default_limits: Limits,
+    /// What a create's `resourceLimits` may ask for.
+    pub limit_bounds: crate::api::limits::Bounds,
+    /// ns sandboxes' disk bound (`--disk-limit`).
+    pub disks: crate::sandbox::disk::Disks,
     pub ids: IdMap,
     pub registry: Registry,
     pub api_key: Option<String>,
@@ -107,6 +111,8 @@ pub struct ServeOptions {
     pub stop_sandboxes_on_exit: bool,
     /// `--max-*` and the client timeouts.
     pub http: HttpLimits,
+    /// `--disk-limit` in bytes (0: no disk bound).
+    pub disk_limit: u64,
 }
 
 /// `/var/lib/pvisor` for root, else the user's data directory.
@@ -327,6 +333,13 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         }
     };
     let snapshots = crate::snapshot::open_store(&o.data_dir, &images)?;
+    let disks = crate::sandbox::disk::Disks::new(&o.data_dir.join("disk"), o.disk_limit);
+    match disks.unavailable() {
+        None => tracing::info!(bytes = disks.default_bytes, "ns sandboxes get their own disk"),
+        Some(why) => tracing::warn!("ns sandboxes' writable layers are not bounded: {why}"),
+    }
+    let limit_bounds = crate::api::limits::Bounds::for_host(disks.max_bytes());
+    let default_limits = Limits { disk_bytes: disks.default_bytes, ..Limits::default() };
     let ctx = Ctx {
         listen: o.listen,
         data_dir: o.data_dir,
@@ -336,7 +349,9 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         cgroups,
         worker_bin,
         agent_bin,
-        default_limits: Limits::default(),
+        default_limits,
+        limit_bounds,
+        disks,
         ids,
         registry: Registry::default(),
         api_key,

@@ -404,7 +404,7 @@ mod tests {
             pvisor_testkit::skip("no cgroup hierarchy");
             return;
         };
-        let limits = Limits { cpu_millis: 500, memory_bytes: 64 << 20, pids: 77 };
+        let limits = Limits { cpu_millis: 500, memory_bytes: 64 << 20, pids: 77, disk_bytes: 0 };
         let name = format!("pvisor-test-{}", std::process::id());
         let g = match layout.create_group(&name, &limits) {
             Ok(g) => g,

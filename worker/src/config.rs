@@ -60,23 +60,26 @@ pub struct Limits {
     pub cpu_millis: u64,
     pub memory_bytes: u64,
     pub pids: u64,
+    /// Writable layer and /tmp bound (0: none).
+    #[serde(default)]
+    pub disk_bytes: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { cpu_millis: 1000, memory_bytes: 512 << 20, pids: 4096 }
+        Limits { cpu_millis: 1000, memory_bytes: 512 << 20, pids: 4096, disk_bytes: 0 }
     }
 }
 
 impl From<Limits> for pb::Limits {
     fn from(l: Limits) -> Self {
-        pb::Limits { cpu_millis: l.cpu_millis, memory_bytes: l.memory_bytes, pids: l.pids }
+        pb::Limits { cpu_millis: l.cpu_millis, memory_bytes: l.memory_bytes, pids: l.pids, disk_bytes: l.disk_bytes }
     }
 }
 
 impl From<pb::Limits> for Limits {
     fn from(l: pb::Limits) -> Self {
-        Limits { cpu_millis: l.cpu_millis, memory_bytes: l.memory_bytes, pids: l.pids }
+        Limits { cpu_millis: l.cpu_millis, memory_bytes: l.memory_bytes, pids: l.pids, disk_bytes: l.disk_bytes }
     }
 }
 

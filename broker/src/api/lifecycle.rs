@@ -180,8 +180,7 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes) -> ApiResult<Response> {
             )))
         }
     };
-    let limits =
-        limits::from_request(req.resource_limits.as_ref(), ctx.default_limits).map_err(ApiError::bad_request)?;
+    let limits = limits::from_request(req.resource_limits.as_ref(), ctx.default_limits, ctx.limit_bounds)?;
     let metadata = req.metadata.clone().unwrap_or_default();
     check_metadata(&metadata)?;
     let env = req.env.clone().unwrap_or_default();
@@ -363,6 +362,14 @@ pub async fn renew(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, body: By
     })?;
     if at <= Utc::now() {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "INVALID_EXPIRATION", "expiresAt is in the past"));
+    }
+    // The same cap as a create's timeout: a renewal cannot make a sandbox immortal.
+    if at > Utc::now() + ChronoDuration::seconds(MAX_TIMEOUT_SECS) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_EXPIRATION",
+            format!("expiresAt may be at most {} days from now", MAX_TIMEOUT_SECS / 86_400),
+        ));
     }
     // Under the registry lock: the expiry sweep cannot remove it meanwhile.
     let r = ctx.registry.with_live(&id, |e| {

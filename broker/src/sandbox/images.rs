@@ -35,7 +35,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Resource limits of one image server's group (its index, chunk cache and
 /// FUSE buffers; the page cache of what it serves is charged to readers).
-const SERVER_LIMITS: Limits = Limits { cpu_millis: 2000, memory_bytes: 256 << 20, pids: 64 };
+const SERVER_LIMITS: Limits = Limits { cpu_millis: 2000, memory_bytes: 256 << 20, pids: 64, disk_bytes: 0 };
 
 struct Server {
     /// Started by this broker (None: re-adopted after a restart).

@@ -59,6 +59,11 @@ fn backend_config(ctx: &Ctx, spec: &LaunchSpec, state_dir: &Path) -> Result<Back
             agent_path: ctx.agent_bin.to_string_lossy().into_owned(),
             volumes: spec.volumes.clone(),
             tmp_on_root: spec.tmp_on_root,
+            disk_template: ctx
+                .disks
+                .template(spec.limits.disk_bytes)?
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default(),
         })),
         RootFs::Disk(disk) => {
             let vm = ctx.vm.as_ref().map_err(|e| format!("the vm backend is not available on this server: {e}"))?;

@@ -1,6 +1,7 @@
 //! Sandboxes as the broker sees them: records, the registry, launching a
 //! worker, tearing one down and expiring them.
 pub mod backend;
+pub mod disk;
 pub mod egress;
 pub mod events;
 pub mod expiry;

@@ -120,7 +120,7 @@ fn capture_frozen(
     tmp_on_root: bool,
     spool: &Path,
 ) -> Result<capture::CaptureStats, TakeError> {
-    let upper = state_dir.join("upper");
+    let upper = crate::sandbox::disk::upper_dir(state_dir, pids).ok_or(TakeError::Gone)?;
     let root: Option<PathBuf> = match tmp_on_root {
         true => None,
         false => Some(capture::init_root(pids).ok_or(TakeError::Gone)?),

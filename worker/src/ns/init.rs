@@ -33,6 +33,12 @@ pub struct InitArgs {
     pub argv: Vec<CString>,
     pub env: Vec<CString>,
     pub volumes: InitVolumes,
+    /// `/tmp` and `/dev/shm` sizes (mounts::tmpfs_sizes).
+    pub tmp_size: u64,
+    pub shm_size: u64,
+    /// Host files for `/proc` entries (super::procfs), opened before the
+    /// identity change like the layers.
+    pub proc_files: Vec<super::procfs::ProcFile>,
 }
 
 /// The sandbox's volumes as the init gets them.
@@ -72,6 +78,16 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
             .map_err(|e| format!("open {}: {e}", p.display()))
     };
     let layers = [open_dir(&a.lower)?, open_dir(&a.upper)?, open_dir(&a.work)?];
+    let proc_fds = a
+        .proc_files
+        .iter()
+        .map(|(p, name)| {
+            nix::fcntl::open(p, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())
+                // SAFETY: open(2) just returned this fd; nothing else owns it.
+                .map(|fd| (unsafe { OwnedFd::from_raw_fd(fd) }, *name))
+                .map_err(|e| format!("open {}: {e}", p.display()))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     let pending: Vec<Detached>;
     let trees: &[Detached] = match &a.volumes {
         InitVolumes::Detached(t) => t,
@@ -106,12 +122,16 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).map_err(|e| format!("cgroup namespace: {e}"))?;
     let fd_path = |fd: &OwnedFd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
     let (lower, upper, work) = (fd_path(&layers[0]), fd_path(&layers[1]), fd_path(&layers[2]));
+    let proc_files: Vec<_> = proc_fds.iter().map(|(fd, name)| (fd_path(fd), *name)).collect();
     mounts::setup(&RootfsSpec {
         lower: &lower,
         upper: &upper,
         work: &work,
         volumes: trees,
         tmp_on_root: a.tmp_on_root,
+        tmp_size: a.tmp_size,
+        shm_size: a.shm_size,
+        proc_files: &proc_files,
     })?;
     super::etc::write(&super::etc::EtcFiles { hostname: &a.hostname, net: a.link_sock.is_some() })?;
     sethostname(&a.hostname).map_err(|e| format!("sethostname: {e}"))?;

@@ -11,13 +11,20 @@
 //! * [`link`]: with a network, the tap `eth0` the init creates in the new
 //!   network namespace and hands to the worker (for netd).
 //! * [`freeze`]: pausing by the cgroup freezer.
+//! * [`disk`]: the sandbox's own ext4 for its writable layer (the disk bound).
+//! * [`owner`]: a distinct host uid owns each sandbox's user namespace, so
+//!   per-user kernel counts are charged per sandbox.
+//! * [`procfs`]: `/proc/meminfo` and `/proc/cmdline` as the sandbox sees them.
 //! * [`volumes`]: host directories mounted by fd (resolved beneath their
 //!   root, attached at a mount point resolved inside the sandbox root).
+pub mod disk;
 pub mod etc;
 pub mod freeze;
 pub mod init;
 pub mod link;
 pub mod mounts;
+pub mod owner;
+pub mod procfs;
 pub mod spawn;
 pub mod volumes;
 

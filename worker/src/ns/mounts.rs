@@ -1,6 +1,7 @@
 //! The sandbox's root filesystem, built in the child's new mount namespace:
 //! the image read-only as overlay lower, the sandbox's own upper, a fresh
-//! /proc, a minimal /dev, tmpfs /tmp and /dev/shm, the volumes, then pivot_root.
+//! /proc (with the worker's meminfo and cmdline over the host's), a minimal
+//! /dev, tmpfs /tmp and /dev/shm sized from the limits, the volumes, then pivot_root.
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use std::fs;
 use std::os::unix::fs::symlink;
@@ -19,6 +20,26 @@ pub struct RootfsSpec<'a> {
     pub volumes: &'a [super::volumes::Detached],
     /// No tmpfs on `/tmp`: it stays the overlay's (a restored snapshot's).
     pub tmp_on_root: bool,
+    /// Sizes of the `/tmp` and `/dev/shm` tmpfs in bytes (see [`tmpfs_sizes`]).
+    pub tmp_size: u64,
+    pub shm_size: u64,
+    /// Files bind-mounted read-only over `/proc` entries (super::procfs):
+    /// (a path to the opened file, entry name).
+    pub proc_files: &'a [(std::path::PathBuf, &'static str)],
+}
+
+/// `/tmp` and `/dev/shm` sizes for a sandbox's limits. A tmpfs holds memory
+/// charged to the sandbox's memory cgroup, so a tmpfs as large as the limit
+/// would end in the OOM killer, not ENOSPC: `/tmp` gets half the sandbox's
+/// memory (the kernel's default is half the *host's* RAM), and no more than
+/// the disk bound; `/dev/shm` a quarter.
+pub fn tmpfs_sizes(memory_bytes: u64, disk_bytes: u64) -> (u64, u64) {
+    let half = memory_bytes / 2;
+    let tmp = match disk_bytes {
+        0 => half,
+        d => d.min(half),
+    };
+    (tmp, memory_bytes / 4)
 }
 
 /// Device nodes bind-mounted from the host (a user namespace cannot mknod).
@@ -58,6 +79,13 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
 
     mountpoint(&r.join("proc"))?;
     m(Some("proc"), &r.join("proc"), Some("proc"), nsd | MsFlags::MS_NOEXEC, None)?;
+    for (src, name) in s.proc_files {
+        let target = r.join("proc").join(name);
+        let src = src.to_string_lossy();
+        m(Some(&src), &target, None, MsFlags::MS_BIND, None)?;
+        let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nsd | MsFlags::MS_NOEXEC;
+        m(None, &target, None, ro, None)?;
+    }
 
     let dev = r.join("dev");
     mountpoint(&dev)?;
@@ -80,7 +108,8 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
         let _ = symlink("pts/ptmx", dev.join("ptmx"));
     }
     mkdir(&dev.join("shm"))?;
-    m(Some("tmpfs"), &dev.join("shm"), Some("tmpfs"), nsd, Some("mode=1777"))?;
+    let shm = format!("mode=1777,size={}", s.shm_size.max(4096));
+    m(Some("tmpfs"), &dev.join("shm"), Some("tmpfs"), nsd, Some(&shm))?;
     for (name, target) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -92,7 +121,8 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
 
     if !s.tmp_on_root {
         mountpoint(&r.join("tmp"))?;
-        m(Some("tmpfs"), &r.join("tmp"), Some("tmpfs"), nsd, Some("mode=1777"))?;
+        let tmp = format!("mode=1777,size={}", s.tmp_size.max(4096));
+        m(Some("tmpfs"), &r.join("tmp"), Some("tmpfs"), nsd, Some(&tmp))?;
     }
     // Read-only sysfs is a convenience for tools; a host that refuses it is fine.
     if mountpoint(&r.join("sys")).is_ok() {
@@ -107,4 +137,16 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))?;
     // Only now, with the sandbox as `/`, may /etc be written (super::etc).
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tmpfs_is_bounded_by_memory_and_disk() {
+        assert_eq!(tmpfs_sizes(512 << 20, 0), (256 << 20, 128 << 20));
+        assert_eq!(tmpfs_sizes(512 << 20, 10 << 30), (256 << 20, 128 << 20));
+        assert_eq!(tmpfs_sizes(2 << 30, 64 << 20), (64 << 20, 512 << 20));
+    }
 }

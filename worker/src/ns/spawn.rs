@@ -91,11 +91,20 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
     if ns.image_root.is_empty() || ns.state_dir.is_empty() || ns.agent_path.is_empty() {
         return Err(WorkerError::Config("ns: image_root, state_dir and agent_path are required".into()));
     }
-    let upper = state_dir.join("upper");
-    let work = state_dir.join("work");
+    // The writable layer: on the sandbox's own disk where the broker bounds
+    // it (a root worker, in a mount namespace of its own from here on),
+    // else in the state dir.
+    let layer_dir = match ns.disk_template.as_str() {
+        "" => state_dir.to_path_buf(),
+        t => super::disk::mount_own(state_dir, Path::new(t))?,
+    };
+    let upper = layer_dir.join("upper");
+    let work = layer_dir.join("work");
     for d in [&upper, &work] {
         mkdir_owned(d, &ids)?;
     }
+    let proc_files = super::procfs::write(state_dir, &common.limits)?;
+    let (tmp_size, shm_size) = super::mounts::tmpfs_sizes(common.limits.memory_bytes, common.limits.disk_bytes);
 
     // Datagram-like (SEQPACKET): one message per connection, each carrying
     // one stream socket for the agent to serve.
@@ -143,6 +152,9 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
         // The configuration arrives over the first connection (Agent.Configure).
         env: vec![cstr("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")?],
         volumes: init_volumes,
+        tmp_size,
+        shm_size,
+        proc_files,
     };
     let flags = CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
@@ -151,12 +163,15 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
         | CloneFlags::CLONE_NEWIPC
         | CloneFlags::CLONE_NEWUTS;
     let mut stack = vec![0u8; STACK_SIZE];
-    // SAFETY: the worker is single-threaded here (no runtime or helper thread
-    // has been started), so the child's copy of the address space is
-    // consistent; the child only runs `child_main`, which execs or exits.
-    let pid =
+    // The user namespace's owner: a uid of this sandbox's own (super::owner).
+    let owner = super::owner::owner_uid(std::process::id());
+    let pid = super::owner::as_owner(owner, || {
+        // SAFETY: the worker is single-threaded here (no runtime or helper
+        // thread has been started), so the child's copy of the address space
+        // is consistent; the child only runs `child_main`, which execs or exits.
         unsafe { nix::sched::clone(Box::new(|| init::child_main(&args)), &mut stack, flags, Some(libc::SIGCHLD)) }
-            .map_err(|e| WorkerError::sys("clone", e))?;
+            .map_err(|e| WorkerError::sys("clone", e))
+    })?;
     let InitArgs { go, err, agent_sock, link_sock, volumes: our_volumes, .. } = args;
     drop((go, err, agent_sock, link_sock));
     let pid = pid.as_raw();

@@ -133,6 +133,7 @@ pub async fn start(env: &Env, spec: Spec) -> Worker {
             agent_path: env.agent.to_string_lossy().into_owned(),
             volumes: vec![],
             tmp_on_root: false,
+            disk_template: String::new(),
         })),
         net: spec.net,
         ..Default::default()
