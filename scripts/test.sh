@@ -16,6 +16,8 @@ log "cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 log "cargo test"
 PVISOR_TEST_IMAGES=$TEST_IMAGES PVISOR_DIST=$DIST cargo test --locked --workspace -- --test-threads=2
+log "fuzzing, bounded (scripts/fuzz.sh: every target of fuzz/ for 20 s)"
+"$REPO/scripts/fuzz.sh"
 log "end-to-end suite (official SDK)"
 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/e2e \
     --ignore=tests/e2e/test_network.py

@@ -1,0 +1,125 @@
+//! Reading a `/files/upload` body: multipart `metadata` and `file` parts in
+//! pairs, turned into the agent's upload stream (each file's header, then
+//! its data as it arrives), and the `{mode, owner, group}` permissions the
+//! file API takes.
+//!
+//! Depends on nothing else of the broker (only [`super::mode`]), so the
+//! `multipart_upload` fuzz target (fuzz/) includes this file as it is.
+use std::collections::VecDeque;
+use std::future::Future;
+
+use axum::extract::multipart::{Multipart, MultipartError};
+use pvisor_proto::agent::{upload_chunk, PermissionEntry, UploadChunk, UploadHeader};
+use serde::Deserialize;
+
+use super::mode::mode_from_wire;
+
+/// Mode of an uploaded file whose metadata gives none.
+pub const DEFAULT_MODE: u32 = 0o644;
+
+/// Why an upload body is refused (each a 400).
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    #[error("invalid multipart body: {0}")]
+    Multipart(#[from] MultipartError),
+    #[error("request body is empty")]
+    EmptyMetadata,
+    #[error("invalid JSON body: {0}")]
+    Metadata(serde_json::Error),
+    #[error("{0}")]
+    Mode(String),
+    #[error("file part without a preceding metadata part")]
+    FileWithoutMetadata,
+    #[error("no file part in the upload")]
+    NoFile,
+    #[error("metadata part without a file part")]
+    MetadataWithoutFile,
+}
+
+impl UploadError {
+    /// The API error code: a metadata part that is no JSON is a bad body, as
+    /// any JSON body is; the rest is a bad request.
+    pub fn code(&self) -> &'static str {
+        match self {
+            UploadError::EmptyMetadata | UploadError::Metadata(_) => "INVALID_REQUEST_BODY",
+            _ => "INVALID_REQUEST",
+        }
+    }
+}
+
+/// `{"mode": 755, "owner": null, "group": null}` as sent by the SDK.
+#[derive(Debug, Default, Deserialize)]
+pub struct Perms {
+    #[serde(default)]
+    pub mode: Option<u64>,
+    #[serde(default)]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub group: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct UploadMeta {
+    path: String,
+    #[serde(flatten)]
+    perms: Perms,
+}
+
+/// The agent's permission entry for `path`; a mode that is no octal mode is an error.
+pub fn entry(path: String, p: Perms) -> Result<PermissionEntry, String> {
+    let mode = p.mode.map(mode_from_wire).transpose()?;
+    Ok(PermissionEntry { path, mode, owner: p.owner, group: p.group })
+}
+
+fn chunk(kind: upload_chunk::Kind) -> UploadChunk {
+    UploadChunk { kind: Some(kind) }
+}
+
+/// Reads `mp` to its end and hands `send` the agent's upload stream: for
+/// each `file` part, a header (path and permissions from the `metadata` part
+/// before it, mode [`DEFAULT_MODE`] if none), then its data as it arrives.
+/// Parts with other names are read and dropped. `Ok(false)`: `send` refused
+/// a chunk (the agent call ended) and reading stopped; `Ok(true)`: the body
+/// held at least one file and no metadata part without its file.
+pub async fn feed<F, Fut>(mp: &mut Multipart, mut send: F) -> Result<bool, UploadError>
+where
+    F: FnMut(UploadChunk) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut metas: VecDeque<UploadMeta> = VecDeque::new();
+    let mut files = 0usize;
+    while let Some(mut field) = mp.next_field().await? {
+        match field.name() {
+            Some("metadata") => {
+                let bytes = field.bytes().await?;
+                if bytes.is_empty() {
+                    return Err(UploadError::EmptyMetadata);
+                }
+                metas.push_back(serde_json::from_slice(&bytes).map_err(UploadError::Metadata)?);
+            }
+            Some("file") => {
+                let m = metas.pop_front().ok_or(UploadError::FileWithoutMetadata)?;
+                let e = entry(m.path, m.perms).map_err(UploadError::Mode)?;
+                let h =
+                    UploadHeader { path: e.path, mode: e.mode.or(Some(DEFAULT_MODE)), owner: e.owner, group: e.group };
+                if !send(chunk(upload_chunk::Kind::Header(h))).await {
+                    return Ok(false);
+                }
+                while let Some(data) = field.chunk().await? {
+                    if !send(chunk(upload_chunk::Kind::Data(data.to_vec()))).await {
+                        return Ok(false);
+                    }
+                }
+                files += 1;
+            }
+            _ => while field.chunk().await?.is_some() {},
+        }
+    }
+    if files == 0 {
+        return Err(UploadError::NoFile);
+    }
+    if !metas.is_empty() {
+        return Err(UploadError::MetadataWithoutFile);
+    }
+    Ok(true)
+}
