@@ -5,6 +5,7 @@
 # (the input is printed, and kept under the work dir).
 #
 #   scripts/fuzz.sh [--seconds N] [--sanitizer address|none] [TARGET...]
+#   (PVISOR_FUZZ_SECONDS, PVISOR_FUZZ_SANITIZER, PVISOR_FUZZ_ARGS: extra libFuzzer flags)
 #
 # Works on the stable toolchain: libFuzzer's instrumentation flags are
 # nightly-only, so the build runs with RUSTC_BOOTSTRAP=1 (the flags are
@@ -40,13 +41,18 @@ if [ ! -x "$FUZZ_BIN/cargo-fuzz" ]; then
         --version "$CARGO_FUZZ_VERSION" --root "${FUZZ_BIN%/bin}"
 fi
 export PATH=$FUZZ_BIN:$PATH RUSTC_BOOTSTRAP=1
+# As cargo-fuzz runs them: the sanitizer runtime's ODR check misfires on Rust binaries.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_odr_violation=0}
+# Extra libFuzzer flags for every run (e.g. -jobs=2, -seed=N).
+read -r -a EXTRA <<<"${PVISOR_FUZZ_ARGS:-}"
 
-cd "$FUZZ_DIR"
+cd "$FUZZ_DIR" || exit 1
 ((${#TARGETS[@]})) || mapfile -t TARGETS < <(cargo fuzz list)
 log "fuzz: building ${#TARGETS[@]} targets (sanitizer $SANITIZER, target dir $FUZZ_TARGET_DIR)"
 started=$(date +%s)
 cargo fuzz build --sanitizer "$SANITIZER" --target-dir "$FUZZ_TARGET_DIR" --codegen-units 16
 log "fuzz: build took $(($(date +%s) - started)) s"
+BIN_DIR=$FUZZ_TARGET_DIR/$(rustc -vV | sed -n 's/^host: //p')/release
 
 dict_of() {
     case $1 in
@@ -60,11 +66,11 @@ summary=()
 for t in "${TARGETS[@]}"; do
     mkdir -p "$WORK/corpus/$t" "$WORK/artifacts/$t"
     log "fuzz: $t for ${SECONDS_PER_TARGET} s"
+    # New inputs go to the first (scratch) corpus dir; the committed one is only read.
     # shellcheck disable=SC2046 # dict_of gives zero or one word
-    if cargo fuzz run --sanitizer "$SANITIZER" --target-dir "$FUZZ_TARGET_DIR" --codegen-units 16 "$t" \
-        "$WORK/corpus/$t" "$FUZZ_DIR/corpus/$t" -- \
+    if "$BIN_DIR/$t" "$WORK/corpus/$t" "$FUZZ_DIR/corpus/$t" \
         -max_total_time="$SECONDS_PER_TARGET" -timeout=20 -rss_limit_mb=4096 -max_len=65536 \
-        -artifact_prefix="$WORK/artifacts/$t/" -print_final_stats=1 $(dict_of "$t") \
+        -artifact_prefix="$WORK/artifacts/$t/" -print_final_stats=1 $(dict_of "$t") "${EXTRA[@]}" \
         >"$WORK/$t.log" 2>&1; then
         stats=$(grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb):' "$WORK/$t.log" |
             sed 's/^stat:://; s/: */=/' | tr '\n' ' ')
@@ -82,7 +88,7 @@ for t in "${TARGETS[@]}"; do
     fi
 done
 log "fuzz: summary (total $(($(date +%s) - started)) s including the build)"
-printf '  %s\n' "${summary[@]}" >&2
+((${#summary[@]} == 0)) || printf '  %s\n' "${summary[@]}" >&2
 if ((${#failed[@]})); then
     echo "fuzz: ${#failed[@]} target(s) failed: ${failed[*]} (inputs under $WORK/artifacts)" >&2
     exit 1

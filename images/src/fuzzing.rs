@@ -25,7 +25,7 @@ use crate::pool::FileContent;
 use crate::tree::{ContentSink, TreeBuilder};
 use crate::ImageConfig;
 
-/// Reads each file's content (hashing it) and places it as one chunk of its
+/// Reads each file's content (hashing it, keeping nothing) and places it as one chunk of its
 /// own, so that the index the tree turns into passes [`Index::check`] like
 /// one of the pool's.
 #[derive(Default)]
@@ -35,10 +35,19 @@ struct MemorySink {
 
 impl ContentSink for MemorySink {
     fn add_file(&mut self, data: &mut dyn Read, size: u64) -> std::result::Result<FileContent, io::Error> {
-        let mut content = Vec::new();
-        data.take(size).read_to_end(&mut content)?;
-        let digest: [u8; 32] = Sha256::digest(&content).into();
-        Ok(FileContent { size: content.len() as u64, digest, extents: Vec::new(), spooled: None })
+        // Streamed, as the chunker does: a sparse entry may expand far beyond its input.
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 64 << 10];
+        let (mut limited, mut read) = (data.take(size), 0u64);
+        loop {
+            let n = limited.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            read += n as u64;
+        }
+        Ok(FileContent { size: read, digest: hasher.finalize().into(), extents: Vec::new(), spooled: None })
     }
 
     fn place(&mut self, content: &FileContent) -> std::result::Result<Vec<Extent>, io::Error> {

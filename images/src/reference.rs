@@ -168,8 +168,11 @@ fn valid_domain(d: &str) -> bool {
         Some((h, p)) => (h, Some(p)),
         None => (d, None),
     };
+    // A port is 1..=65535, as the registry client requires (found by the
+    // image_manifest fuzz target: `host:505000/x` was a valid name here but
+    // no reference to pull).
     if let Some(p) = port {
-        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+        if !p.bytes().all(|b| b.is_ascii_digit()) || !p.parse::<u16>().is_ok_and(|n| n > 0) {
             return false;
         }
     }
@@ -236,6 +239,15 @@ mod tests {
         }
         let long = "a".repeat(300);
         assert!(normalize_name(&long).is_err());
+    }
+
+    #[test]
+    fn registry_ports_are_real_ports() {
+        assert_eq!(normalize_name("host:5000/a").unwrap(), "host:5000/a:latest");
+        assert_eq!(normalize_name("host:65535/a:v1").unwrap(), "host:65535/a:v1");
+        for bad in ["host:505000/a", "loca:505000/oop00/oca:org", "host:0/a", "host:/a", "host:65536/a"] {
+            assert!(normalize_name(bad).is_err(), "{bad:?} should be refused");
+        }
     }
 
     #[test]

@@ -123,3 +123,84 @@ where
     }
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::extract::FromRequest;
+    use axum::http::{header, Request};
+
+    fn multipart(parts: &[(&str, &str)]) -> Multipart {
+        let mut body = String::new();
+        for (name, data) in parts {
+            body += &format!("--b\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{data}\r\n");
+        }
+        body += "--b--\r\n";
+        let req = Request::builder()
+            .header(header::CONTENT_TYPE, "multipart/form-data; boundary=b")
+            .body(Body::from(body))
+            .expect("a request");
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        rt.block_on(Multipart::from_request(req, &())).expect("a multipart body")
+    }
+
+    /// Feeds `parts`, the sink taking at most `take` chunks.
+    fn feed_all(parts: &[(&str, &str)], take: usize) -> (Result<bool, UploadError>, Vec<UploadChunk>) {
+        let mut mp = multipart(parts);
+        let mut sent = Vec::new();
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        let r = rt.block_on(feed(&mut mp, |c| {
+            let ok = sent.len() < take;
+            if ok {
+                sent.push(c);
+            }
+            async move { ok }
+        }));
+        (r, sent)
+    }
+
+    fn header_of(c: &UploadChunk) -> &UploadHeader {
+        match &c.kind {
+            Some(upload_chunk::Kind::Header(h)) => h,
+            other => panic!("expected a header, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn pairs_become_a_header_then_data() {
+        let parts = [
+            ("metadata", r#"{"path":"/a","mode":755}"#),
+            ("file", "hello"),
+            ("other", "ignored"),
+            ("metadata", r#"{"path":"/b","owner":"1000"}"#),
+            ("file", ""),
+        ];
+        let (r, sent) = feed_all(&parts, usize::MAX);
+        assert!(matches!(r, Ok(true)), "{r:?}");
+        assert_eq!(header_of(&sent[0]).path, "/a");
+        assert_eq!(header_of(&sent[0]).mode, Some(0o755));
+        assert_eq!(sent[1].kind, Some(upload_chunk::Kind::Data(b"hello".to_vec())));
+        let b = header_of(sent.last().expect("chunks"));
+        assert_eq!((b.path.as_str(), b.mode, b.owner.as_deref()), ("/b", Some(DEFAULT_MODE), Some("1000")));
+    }
+
+    #[test]
+    fn refusals_name_the_problem() {
+        let code = |parts: &[(&str, &str)]| feed_all(parts, usize::MAX).0.expect_err("refused").code();
+        assert_eq!(code(&[("file", "x")]), "INVALID_REQUEST");
+        assert_eq!(code(&[("metadata", "{not json")]), "INVALID_REQUEST_BODY");
+        assert_eq!(code(&[("metadata", "")]), "INVALID_REQUEST_BODY");
+        assert_eq!(code(&[("metadata", r#"{"path":"/a","mode":888}"#), ("file", "x")]), "INVALID_REQUEST");
+        assert!(matches!(feed_all(&[("other", "x")], usize::MAX).0, Err(UploadError::NoFile)));
+        let dangling = [("metadata", r#"{"path":"/a"}"#), ("file", "x"), ("metadata", r#"{"path":"/b"}"#)];
+        assert!(matches!(feed_all(&dangling, usize::MAX).0, Err(UploadError::MetadataWithoutFile)));
+    }
+
+    #[test]
+    fn a_refused_chunk_stops_the_upload() {
+        let (r, sent) = feed_all(&[("metadata", r#"{"path":"/a"}"#), ("file", "data")], 1);
+        assert!(matches!(r, Ok(false)), "{r:?}");
+        assert_eq!(sent.len(), 1);
+    }
+}
