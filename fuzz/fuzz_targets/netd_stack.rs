@@ -36,7 +36,7 @@ impl Judge for DenyFlows {
         Verdict::deny("fuzzing")
     }
     fn decide_name(&self, name: &str) -> bool {
-        name.len() % 2 == 0
+        name.len().is_multiple_of(2)
     }
 }
 
