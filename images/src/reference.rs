@@ -60,6 +60,10 @@ pub fn normalize_name(reference: &str) -> Result<String> {
     let path = if is_hub && components.len() == 2 && components[0] == "library" { components[1] } else { path };
     let name = match domain {
         Some(d) if !is_hub => format!("{d}/{path}"),
+        // A Hub repository whose first component reads as a host keeps the
+        // Hub's name, or normalizing again would move it to that host (found
+        // by the image_manifest fuzz target: `docker.io/docker.io/x`).
+        _ if split_domain(path).0.is_some() => format!("docker.io/{path}"),
         _ => path.to_owned(),
     };
     if name.len() > MAX_NAME_LEN {
@@ -239,6 +243,16 @@ mod tests {
         }
         let long = "a".repeat(300);
         assert!(normalize_name(&long).is_err());
+    }
+
+    #[test]
+    fn normalizing_is_idempotent_for_hub_repositories_named_like_hosts() {
+        for name in ["docker.io/docker.io/8ro.36", "docker.io/localhost/x:1", "docker.io/a.b/c"] {
+            let once = normalize_name(name).unwrap();
+            assert!(once.starts_with("docker.io/"), "{name:?} gave {once:?}");
+            assert_eq!(normalize_name(&once).unwrap(), once, "{name:?}");
+        }
+        assert_eq!(normalize_name("docker.io/library/busybox").unwrap(), "busybox:latest");
     }
 
     #[test]

@@ -232,7 +232,8 @@ mod tests {
 
     #[test]
     fn well_formed_udp_is_classified() {
-        let (_, ingress) = classify(&udp_from(Ipv4Addr::new(10, 0, 2, 100)));
+        let frame = udp_from(Ipv4Addr::new(10, 0, 2, 100));
+        let (_, ingress) = classify(&frame);
         assert!(matches!(ingress, Ingress::Udp { payload: b"q", .. }), "{ingress:?}");
     }
 
