@@ -21,6 +21,8 @@ log "cargo test"
 PVISOR_TEST_STRICT=1 PVISOR_TEST_IMAGES=$TEST_IMAGES PVISOR_DIST=$DIST cargo test --locked --workspace -- --test-threads=2
 log "Python interpreter driver (tests/driver)"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/driver
+log "fuzzing, bounded (scripts/fuzz.sh: every target of fuzz/ for 15 s)"
+"$REPO/scripts/fuzz.sh" --seconds 15
 log "end-to-end suite (official SDK)"
 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/e2e \
     --ignore=tests/e2e/test_network.py

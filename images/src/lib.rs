@@ -23,6 +23,9 @@ mod docker;
 pub mod erofs;
 mod error;
 pub mod fuse;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod oci;
 pub mod pool;
 mod reference;

@@ -60,6 +60,10 @@ pub fn normalize_name(reference: &str) -> Result<String> {
     let path = if is_hub && components.len() == 2 && components[0] == "library" { components[1] } else { path };
     let name = match domain {
         Some(d) if !is_hub => format!("{d}/{path}"),
+        // A Hub repository whose first component reads as a host keeps the
+        // Hub's name, or normalizing again would move it to that host (found
+        // by the image_manifest fuzz target: `docker.io/docker.io/x`).
+        _ if split_domain(path).0.is_some() => format!("docker.io/{path}"),
         _ => path.to_owned(),
     };
     if name.len() > MAX_NAME_LEN {
@@ -168,8 +172,11 @@ fn valid_domain(d: &str) -> bool {
         Some((h, p)) => (h, Some(p)),
         None => (d, None),
     };
+    // A port is 1..=65535, as the registry client requires (found by the
+    // image_manifest fuzz target: `host:505000/x` was a valid name here but
+    // no reference to pull).
     if let Some(p) = port {
-        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+        if !p.bytes().all(|b| b.is_ascii_digit()) || !p.parse::<u16>().is_ok_and(|n| n > 0) {
             return false;
         }
     }
@@ -236,6 +243,25 @@ mod tests {
         }
         let long = "a".repeat(300);
         assert!(normalize_name(&long).is_err());
+    }
+
+    #[test]
+    fn normalizing_is_idempotent_for_hub_repositories_named_like_hosts() {
+        for name in ["docker.io/docker.io/8ro.36", "docker.io/localhost/x:1", "docker.io/a.b/c"] {
+            let once = normalize_name(name).unwrap();
+            assert!(once.starts_with("docker.io/"), "{name:?} gave {once:?}");
+            assert_eq!(normalize_name(&once).unwrap(), once, "{name:?}");
+        }
+        assert_eq!(normalize_name("docker.io/library/busybox").unwrap(), "busybox:latest");
+    }
+
+    #[test]
+    fn registry_ports_are_real_ports() {
+        assert_eq!(normalize_name("host:5000/a").unwrap(), "host:5000/a:latest");
+        assert_eq!(normalize_name("host:65535/a:v1").unwrap(), "host:65535/a:v1");
+        for bad in ["host:505000/a", "loca:505000/oop00/oca:org", "host:0/a", "host:/a", "host:65536/a"] {
+            assert!(normalize_name(bad).is_err(), "{bad:?} should be refused");
+        }
     }
 
     #[test]

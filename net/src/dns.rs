@@ -121,7 +121,9 @@ fn read_name(msg: &[u8], mut at: usize, pointers: bool) -> Result<(String, usize
                 let target = (u16_at(msg, at)? & 0x3fff) as usize;
                 end.get_or_insert(at + 2);
                 jumps += 1;
-                if jumps > MAX_POINTERS || target >= msg.len() {
+                // A pointer names an earlier name, never the header (whose id
+                // netd rewrites: found by the dns fuzz target).
+                if jumps > MAX_POINTERS || target < HEADER_LEN || target >= msg.len() {
                     return Err(DnsError::BadName("compression loop or pointer out of range"));
                 }
                 at = target;

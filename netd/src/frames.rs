@@ -65,10 +65,17 @@ pub fn classify(frame: &[u8]) -> (EthernetAddress, Ingress<'_>) {
 
 fn ipv4(packet: &[u8]) -> Ingress<'_> {
     let Ok(ip) = Ipv4Packet::new_checked(packet) else { return Ingress::Other };
-    if ip.version() != 4 || ip.more_frags() || ip.frag_offset() != 0 {
+    // smoltcp's length check lets a header shorter than 20 bytes through
+    // (its "payload" would be the addresses).
+    if ip.version() != 4 || usize::from(ip.header_len()) < IP_LEN || ip.more_frags() || ip.frag_offset() != 0 {
         return Ingress::Other;
     }
     let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    // Nothing can answer a packet from no address, a broadcast or a group:
+    // smoltcp would panic replying to 0.0.0.0 (it asserts a destination).
+    if src.is_unspecified() || src.is_broadcast() || src.is_multicast() {
+        return Ingress::Other;
+    }
     let body = &packet[ip.header_len() as usize..ip.total_len() as usize];
     match ip.next_header() {
         IpProtocol::Tcp => {
@@ -207,4 +214,46 @@ pub fn echo_reply(
 /// The IP packet of a frame (for ICMP errors quoting it).
 pub fn ip_packet(frame: &[u8]) -> &[u8] {
     frame.get(ETH_LEN..).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAC: EthernetAddress = EthernetAddress([2, 0, 0, 0, 0, 1]);
+
+    /// A UDP frame from `src` built by netd's own writer (then read as if
+    /// the sandbox had sent it).
+    fn udp_from(src: Ipv4Addr) -> Vec<u8> {
+        let mut out = Vec::new();
+        udp(&mut out, MAC, SocketAddrV4::new(src, 5353), SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 3), 53), b"q");
+        out
+    }
+
+    #[test]
+    fn well_formed_udp_is_classified() {
+        let frame = udp_from(Ipv4Addr::new(10, 0, 2, 100));
+        let (_, ingress) = classify(&frame);
+        assert!(matches!(ingress, Ingress::Udp { payload: b"q", .. }), "{ingress:?}");
+    }
+
+    /// Found by the netd_stack fuzz target: a TCP SYN from 0.0.0.0 to port 53
+    /// made smoltcp panic answering it, which killed netd.
+    #[test]
+    fn packets_from_no_address_a_broadcast_or_a_group_are_dropped() {
+        for src in [Ipv4Addr::UNSPECIFIED, Ipv4Addr::BROADCAST, Ipv4Addr::new(224, 0, 0, 251)] {
+            assert_eq!(classify(&udp_from(src)).1, Ingress::Other, "from {src}");
+        }
+    }
+
+    /// Found by the netd_frames fuzz target: a header length under 20 bytes
+    /// was accepted and the UDP header read from the IP addresses.
+    #[test]
+    fn a_short_ip_header_is_dropped() {
+        let mut frame = udp_from(Ipv4Addr::new(10, 0, 2, 100));
+        let mut ip = Ipv4Packet::new_unchecked(&mut frame[ETH_LEN..]);
+        ip.set_header_len(16);
+        ip.fill_checksum();
+        assert_eq!(classify(&frame).1, Ingress::Other);
+    }
 }

@@ -3,22 +3,11 @@ use chrono::{TimeZone, Utc};
 use pvisor_proto::agent::FileInfo;
 use serde_json::{json, Value};
 
+use super::mode::mode_to_wire;
+
 fn time(ms: i64) -> String {
     let t = Utc.timestamp_millis_opt(ms).single().unwrap_or_default();
     crate::sandbox::record::rfc3339(&t)
-}
-
-/// execd writes modes as octal digits read as a decimal number (0o755 → 755).
-pub fn mode_to_wire(mode: u32) -> u64 {
-    format!("{mode:o}").parse().unwrap_or(0)
-}
-
-/// The inverse: 755 → 0o755; digits above 7 are an error.
-pub fn mode_from_wire(mode: u64) -> Result<u32, String> {
-    u32::from_str_radix(&mode.to_string(), 8)
-        .ok()
-        .filter(|m| *m <= 0o7777)
-        .ok_or_else(|| format!("invalid mode {mode}: expected octal digits such as 644 or 755"))
 }
 
 pub fn to_json(f: &FileInfo) -> Value {
@@ -32,18 +21,4 @@ pub fn to_json(f: &FileInfo) -> Value {
         "mode": mode_to_wire(f.mode),
         "type": f.r#type,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn modes_round_trip_as_octal_digits() {
-        assert_eq!(mode_to_wire(0o755), 755);
-        assert_eq!(mode_to_wire(0o4755), 4755);
-        assert_eq!(mode_from_wire(644).unwrap(), 0o644);
-        assert!(mode_from_wire(888).is_err());
-        assert!(mode_from_wire(77777).is_err());
-    }
 }

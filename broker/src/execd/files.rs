@@ -1,6 +1,7 @@
 //! `/files` and `/directories`.
-use super::fileinfo::{mode_from_wire, to_json};
+use super::fileinfo::to_json;
 use super::identity::{request, Who};
+use super::upload_parts::{self, Perms};
 use super::{agent, Sandbox};
 use crate::api::error::{parse_json, ApiError, ApiResult};
 use crate::api::query::Query;
@@ -14,30 +15,11 @@ use futures::StreamExt;
 use pvisor_proto::agent::*;
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use tokio_stream::wrappers::ReceiverStream;
 
-/// `{"mode": 755, "owner": null, "group": null}` as sent by the SDK.
-#[derive(Debug, Default, Deserialize)]
-struct Perms {
-    #[serde(default)]
-    mode: Option<u64>,
-    #[serde(default)]
-    owner: Option<String>,
-    #[serde(default)]
-    group: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct UploadMeta {
-    path: String,
-    #[serde(flatten)]
-    perms: Perms,
-}
-
 fn entry(path: String, p: Perms) -> ApiResult<PermissionEntry> {
-    let mode = p.mode.map(mode_from_wire).transpose().map_err(ApiError::bad_request)?;
-    Ok(PermissionEntry { path, mode, owner: p.owner, group: p.group })
+    upload_parts::entry(path, p).map_err(ApiError::bad_request)
 }
 
 fn perms_map(body: &Bytes) -> ApiResult<Vec<PermissionEntry>> {
@@ -108,46 +90,12 @@ pub async fn upload(
     let (tx, rx) = tokio::sync::mpsc::channel::<UploadChunk>(8);
     let mut call =
         AbortOnDrop(tokio::spawn(async move { client.upload(request(ReceiverStream::new(rx), &who)).await }));
-    let chunk = |kind| UploadChunk { kind: Some(kind) };
-    let fed: ApiResult<bool> = async {
-        let mut metas: VecDeque<UploadMeta> = VecDeque::new();
-        let mut files = 0usize;
-        let bad =
-            |e: axum::extract::multipart::MultipartError| ApiError::bad_request(format!("invalid multipart body: {e}"));
-        while let Some(mut field) = mp.next_field().await.map_err(bad)? {
-            match field.name() {
-                Some("metadata") => {
-                    let bytes = field.bytes().await.map_err(bad)?;
-                    metas.push_back(parse_json(&bytes)?);
-                }
-                Some("file") => {
-                    let m = metas
-                        .pop_front()
-                        .ok_or_else(|| ApiError::bad_request("file part without a preceding metadata part"))?;
-                    let e = entry(m.path, m.perms)?;
-                    let h = UploadHeader { path: e.path, mode: e.mode.or(Some(0o644)), owner: e.owner, group: e.group };
-                    if tx.send(chunk(upload_chunk::Kind::Header(h))).await.is_err() {
-                        return Ok(false);
-                    }
-                    while let Some(data) = field.chunk().await.map_err(bad)? {
-                        if tx.send(chunk(upload_chunk::Kind::Data(data.to_vec()))).await.is_err() {
-                            return Ok(false);
-                        }
-                    }
-                    files += 1;
-                }
-                _ => while field.chunk().await.map_err(bad)?.is_some() {},
-            }
-        }
-        if files == 0 {
-            return Err(ApiError::bad_request("no file part in the upload"));
-        }
-        if !metas.is_empty() {
-            return Err(ApiError::bad_request("metadata part without a file part"));
-        }
-        Ok(true)
-    }
-    .await;
+    let fed = upload_parts::feed(&mut mp, |c| {
+        let tx = tx.clone();
+        async move { tx.send(c).await.is_ok() }
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()));
     match fed {
         Err(e) => {
             call.0.abort();

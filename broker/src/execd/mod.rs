@@ -13,9 +13,11 @@ pub mod files;
 pub mod identity;
 pub mod isolated;
 pub mod metrics;
+pub mod mode;
 pub mod proxy;
 pub mod session;
 pub mod sse;
+pub mod upload_parts;
 
 use crate::api::auth::constant_time_eq;
 use crate::api::egress::{self, EGRESS_AUTH_HEADER, EGRESS_PORT};

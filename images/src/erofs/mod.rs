@@ -32,3 +32,11 @@ mod xattr;
 
 pub use error::{Error, Result};
 pub use view::{ErofsView, Stats};
+
+/// The metadata blocks of `index`'s erofs image and the image's size in
+/// blocks (for [`crate::fuzzing`]).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_metadata(index: &crate::pool::index::Index) -> Result<(Vec<u8>, u64)> {
+    let plan = layout::plan(index)?;
+    Ok((build::metadata(index, &plan), plan.total_blocks))
+}

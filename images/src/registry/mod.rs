@@ -230,3 +230,23 @@ fn download(
     progress(PullEvent::BlobDone { digest: desc.digest.clone() });
     Ok(())
 }
+
+/// Parses a manifest as a pull does and, for an index, picks the
+/// `platform` entry (for [`crate::fuzzing`]).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_manifest(
+    bytes: &[u8],
+    content_type: &str,
+    platform: (&str, &str),
+) -> Result<crate::fuzzing::ManifestSummary, RegistryError> {
+    use crate::fuzzing::ManifestSummary;
+    Ok(match manifest::parse(bytes, content_type, "fuzz")? {
+        Manifest::Index(entries) => ManifestSummary::Index {
+            entries: entries.len(),
+            picked: manifest::select_platform(&entries, platform, "fuzz").ok().map(|d| d.digest.clone()),
+        },
+        Manifest::Image { config, layers, .. } => {
+            ManifestSummary::Image { config: config.digest, layers: layers.into_iter().map(|l| l.digest).collect() }
+        }
+    })
+}

@@ -108,3 +108,13 @@ fn truncation_is_read_from_responses_only() {
     assert!(!is_truncated(&query), "TC on a query means nothing");
     assert!(!is_truncated(&answer[..HEADER_LEN - 1]), "shorter than a header");
 }
+
+/// Found by the dns fuzz target: a compression pointer into the header read
+/// the id as a label, so the same answer parsed or not depending on its id.
+#[test]
+fn pointers_into_the_header_are_malformed() {
+    let mut msg = vec![0x00, 0x03, 0x81, 0x80, 0, 0, 0, 1, 0, 0, 0, 0];
+    // An A record whose name points at offset 0 (the id: a 0 label, then 3).
+    msg.extend_from_slice(&[0xc0, 0x00, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 192, 0, 2, 1]);
+    assert_eq!(parse_answer(&msg), Err(DnsError::BadName("compression loop or pointer out of range")));
+}
