@@ -1,27 +1,13 @@
 //! The real agent binary, served on a Unix socket on the host (no sandbox
 //! around it): commands, ordering, exit codes, timeouts, background commands,
 //! sessions, files and tunnels, through its gRPC API.
-use hyper_util::rt::TokioIo;
+mod common;
+
+use common::{connect, start_unconfigured, Agent};
 use pvisor_proto::agent::agent_client::AgentClient;
 use pvisor_proto::agent::*;
-use std::path::PathBuf;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
-use tonic::transport::{Channel, Endpoint};
-
-struct Agent {
-    child: Child,
-    sock: PathBuf,
-    _dir: tempfile::TempDir,
-    client: AgentClient<Channel>,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use tonic::transport::Channel;
 
 fn image_config() -> AgentConfig {
     AgentConfig {
@@ -29,31 +15,6 @@ fn image_config() -> AgentConfig {
         workdir: "/tmp".into(),
         ..Default::default()
     }
-}
-
-/// Starts the agent on a socket path, unconfigured.
-async fn start_unconfigured() -> Agent {
-    let dir = tempfile::tempdir().unwrap();
-    let sock: PathBuf = dir.path().join("agent.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_pvisor-agent")).arg("--listen").arg(&sock).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !sock.exists() {
-        assert!(Instant::now() < deadline, "agent socket did not appear");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let client = AgentClient::new(connect(&sock).await);
-    Agent { child, sock, _dir: dir, client }
-}
-
-async fn connect(sock: &std::path::Path) -> Channel {
-    let path = sock.to_path_buf();
-    Endpoint::from_static("http://agent")
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-        }))
-        .await
-        .unwrap()
 }
 
 /// Starts the agent and configures it with the test image's defaults.

@@ -3,54 +3,26 @@
 //! queued runs, interrupts, bash and javascript contexts, the readiness port.
 //! Python runs the real driver with the host's `python3`, javascript the
 //! host's `node` (tests needing one that is absent skip visibly).
-use hyper_util::rt::TokioIo;
+mod common;
+
+use common::{start_unconfigured, Agent};
 use pvisor_proto::agent::agent_client::AgentClient;
 use pvisor_proto::agent::code_event::Kind;
 use pvisor_proto::agent::*;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::Path;
 use std::time::{Duration, Instant};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::Code;
 
 /// A test that waits longer than this has hung (a deadlock, a lost event).
 const HANG: Duration = Duration::from_secs(60);
 
-struct Agent {
-    child: Child,
-    _dir: tempfile::TempDir,
-    client: AgentClient<Channel>,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Starts the agent configured with `path` as the image's PATH.
 async fn start_with_path(path: &str) -> Agent {
-    let dir = tempfile::tempdir().unwrap();
-    let sock: PathBuf = dir.path().join("agent.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_pvisor-agent")).arg("--listen").arg(&sock).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !sock.exists() {
-        assert!(Instant::now() < deadline, "agent socket did not appear");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let path_sock = sock.clone();
-    let channel = Endpoint::from_static("http://agent")
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let p = path_sock.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?)) }
-        }))
-        .await
-        .unwrap();
-    let mut client = AgentClient::new(channel);
+    let mut a = start_unconfigured().await;
     let cfg = AgentConfig { env: vec![format!("PATH={path}")], workdir: "/tmp".into(), ..Default::default() };
-    client.configure(cfg).await.unwrap();
-    Agent { child, _dir: dir, client }
+    a.client.configure(cfg).await.unwrap();
+    a
 }
 
 /// The agent with the host's PATH (python3, node, bash).
