@@ -161,6 +161,18 @@ def test_resource_limits_shape_the_vm(vm):
     assert 200 * 1024 < total_kib <= 256 * 1024, f"memory becomes guest RAM: MemTotal {total_kib} KiB"
 
 
+def test_the_disk_bound_is_the_scratch_disk_size(vm):
+    sb = vm(BUSYBOX, resource={"cpu": "1", "memory": "256Mi", "ephemeral-storage": "64Mi"})
+    # The overlay's upper lives on the scratch disk, and an overlay's statfs
+    # is its upper's: `df /` shows the scratch disk.
+    size_kib = int(sh(sb, "df -k / | awk 'NR==2 {print $2}'"))
+    assert 48 * 1024 < size_kib <= 64 * 1024, f"the scratch disk is the bound: {size_kib} KiB"
+    ex = run(sb, "dd if=/dev/zero of=/root/fill bs=1M count=100")
+    assert ex.exit_code != 0, describe(ex)
+    assert "No space left on device" in describe(ex), describe(ex)
+    assert sh(sb, "echo still-works") == "still-works"
+
+
 def test_the_host_filesystem_is_not_reachable(vm_bb, vm_server):
     # Paths that exist on the host: the server's data dir (with this
     # sandbox's own scratch disk in it) and the repository.

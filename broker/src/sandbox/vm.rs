@@ -1,13 +1,15 @@
 //! What the broker prepares for vm sandboxes: the guest kernel, the
-//! initramfs holding the agent as `/init`, and the scratch disk template (an
-//! empty ext4 made once; each sandbox gets a sparse copy as its writable disk).
+//! initramfs holding the agent as `/init`, and the scratch disk templates
+//! (an empty ext4 per size, made once; each sandbox gets a sparse copy as its
+//! writable disk, so its size is the sandbox's disk bound: the guest's
+//! writes past it fail with ENOSPC inside the guest).
 use pvisor_proto::worker::{ImageDisk, VmConfig, VmEngine};
 use pvisor_worker::config::Limits;
 use pvisor_worker::vm::host::{HostSupport, Virtualization};
 use std::path::{Path, PathBuf};
 
-/// Apparent size of each sandbox's scratch disk (sparse: only what the
-/// sandbox writes takes space).
+/// Apparent size of a sandbox's scratch disk when its limits name no disk
+/// bound (sparse: only what the sandbox writes takes space).
 pub const SCRATCH_BYTES: u64 = 4 << 30;
 
 /// The guest's vsock CID. Every VM has a vsock device of its own whose host
@@ -17,7 +19,8 @@ pub const GUEST_CID: u32 = 3;
 pub struct VmAssets {
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
-    pub scratch_template: PathBuf,
+    /// Where the scratch templates are (`scratch-<blocks>.ext4`).
+    dir: PathBuf,
     pub engine: VmEngine,
 }
 
@@ -62,11 +65,20 @@ impl VmAssets {
         let initramfs = dir.join("initramfs.cpio");
         let cpio = pvisor_vmm::initramfs::agent_initramfs(agent).map_err(|e| format!("initramfs: {e}"))?;
         write_atomically(&initramfs, &cpio)?;
-        let scratch_template = dir.join("scratch-template.ext4");
-        if !scratch_template.is_file() {
-            make_scratch_template(&scratch_template)?;
+        let assets = VmAssets { kernel: kernel.to_path_buf(), initramfs, dir: dir.to_path_buf(), engine };
+        assets.scratch_template(0)?;
+        Ok(assets)
+    }
+
+    /// The empty ext4 of a scratch disk of `bytes` ([`SCRATCH_BYTES`] for
+    /// 0), made now if no earlier create made it.
+    fn scratch_template(&self, bytes: u64) -> Result<PathBuf, String> {
+        let bytes = if bytes == 0 { SCRATCH_BYTES } else { bytes };
+        let path = self.dir.join(format!("scratch-{}.ext4", bytes.div_ceil(4096)));
+        if !path.is_file() {
+            make_scratch_template(&path, bytes)?;
         }
-        Ok(VmAssets { kernel: kernel.to_path_buf(), initramfs, scratch_template, engine })
+        Ok(path)
     }
 
     /// Memory the engine needs beside guest RAM: the worker and its VMM
@@ -82,7 +94,7 @@ impl VmAssets {
     /// The worker configuration's vm part for a sandbox in `state_dir`.
     pub fn config(&self, disk: ImageDisk, limits: &Limits, state_dir: &Path) -> Result<VmConfig, String> {
         let scratch = state_dir.join("scratch.img");
-        copy_sparse(&self.scratch_template, &scratch)?;
+        copy_sparse(&self.scratch_template(limits.disk_bytes)?, &scratch)?;
         Ok(VmConfig {
             kernel: self.kernel.to_string_lossy().into_owned(),
             initramfs: self.initramfs.to_string_lossy().into_owned(),
@@ -104,12 +116,16 @@ fn write_atomically(path: &Path, data: &[u8]) -> Result<(), String> {
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// An empty ext4 of [`SCRATCH_BYTES`], sparse (lazy inode table and journal
-/// initialization: only metadata is written).
-fn make_scratch_template(path: &Path) -> Result<(), String> {
-    let tmp = path.with_extension("tmp");
+/// An empty ext4 of `bytes` (whole 4 KiB blocks), sparse (lazy inode table
+/// and journal initialization: only metadata is written). Made under a name
+/// of this call's own and renamed into place, so two creates making the same
+/// template at once each get a whole one.
+fn make_scratch_template(path: &Path, bytes: u64) -> Result<(), String> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp-{}-{n}", std::process::id()));
     let f = std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    f.set_len(SCRATCH_BYTES).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    f.set_len(bytes.div_ceil(4096) * 4096).map_err(|e| format!("{}: {e}", tmp.display()))?;
     drop(f);
     let out = std::process::Command::new("mkfs.ext4")
         .args(["-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", "-L", "pvisor-scratch"])
@@ -117,6 +133,7 @@ fn make_scratch_template(path: &Path) -> Result<(), String> {
         .output()
         .map_err(|e| format!("mkfs.ext4 (package e2fsprogs): {e}"))?;
     if !out.status.success() {
+        let _ = std::fs::remove_file(&tmp);
         return Err(format!("mkfs.ext4: {}", String::from_utf8_lossy(&out.stderr).trim()));
     }
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
