@@ -48,7 +48,10 @@ def deep_server(tmp_path_factory):
     _DATA_DIRS.append(data_dir)
     binary = pvisor_bin()
     import_images(binary, data_dir, ["busybox.tar", "python-3.11-slim.tar"])
-    srv = PvisorServer("deep", binary, data_dir, base / "server.log", {}, ["--backend", "ns"])
+    # No disk bound: with one, a sandbox's upper is its own ext4 image and
+    # teardown removes one file; the deep tree on the host's file system is
+    # what an unprivileged broker (or --disk-limit 0) has, and what this tests.
+    srv = PvisorServer("deep", binary, data_dir, base / "server.log", {}, ["--backend", "ns", "--disk-limit", "0"])
     srv.start()
     yield srv
     srv.stop()

@@ -53,7 +53,12 @@ def srv(tmp_path_factory):
 
 @pytest.fixture
 def http(srv):
-    with httpx.Client(base_url=srv.url, timeout=60) as c:
+    # The server closes keep-alive connections idle for HEADER_TIMEOUT (3 s
+    # here); a client must not keep them longer, or a reuse can race the
+    # server's close ("Server disconnected"). httpx's default expiry (5 s) is
+    # below the server's default timeout (10 s), not below this test's.
+    limits = httpx.Limits(keepalive_expiry=HEADER_TIMEOUT / 3)
+    with httpx.Client(base_url=srv.url, timeout=60, limits=limits) as c:
         yield c
 
 
