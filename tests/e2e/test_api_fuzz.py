@@ -42,8 +42,10 @@ def schemathesis_bin() -> Path:
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory):
+    # The fuzzer's sandboxes are throwaway: they end with the server (the
+    # durable default would leave every one it created running).
     srv = _start_server(tmp_path_factory, "pvisor-fuzz", ["busybox.tar"], {"PVISOR_API_KEY": API_KEY},
-                        ["--backend", "ns"])
+                        ["--backend", "ns", "--stop-sandboxes-on-exit"])
     yield srv
     srv.stop()
 
