@@ -144,14 +144,7 @@ pub fn remove_tree_at(parent: BorrowedFd<'_>, name: &CStr, shown: &str) -> Resul
                     Err(Errno::ENOENT) => continue,
                     Err(errno) => return Err(Error::Sys { op: "open", path: stack.describe_child(&n), errno }),
                 };
-                let id = identity(&child).map_err(|errno| Error::Sys {
-                    op: "fstat",
-                    path: stack.describe_child(&n),
-                    errno,
-                })?;
-                if id != (cst.st_dev, cst.st_ino) {
-                    return Err(Error::Changed { path: stack.describe_child(&n) });
-                }
+                let id = crate::stack::check_opened(&stack, &child, &n, (cst.st_dev, cst.st_ino))?;
                 stack.push(Level {
                     name: n,
                     dev: id.0,

@@ -27,6 +27,22 @@ pub(crate) fn identity(dir: &Dir) -> nix::Result<(u64, u64)> {
     Ok((st.st_dev, st.st_ino))
 }
 
+/// Checks that `dir`, just opened as `name` below the stack's top, is the
+/// inode `expected` (device, inode) that `fstatat` saw: a directory swapped
+/// in between the two is [`Error::Changed`]. Returns its identity.
+pub(crate) fn check_opened<T>(
+    stack: &Stack<T>,
+    dir: &Dir,
+    name: &CStr,
+    expected: (u64, u64),
+) -> Result<(u64, u64), Error> {
+    let id = identity(dir).map_err(|errno| Error::Sys { op: "fstat", path: stack.describe_child(name), errno })?;
+    if id != expected {
+        return Err(Error::Changed { path: stack.describe_child(name) });
+    }
+    Ok(id)
+}
+
 /// One directory on the way down.
 pub(crate) struct Level<T> {
     /// Its name in its parent (for the root: the name it was opened by).

@@ -7,7 +7,7 @@
 //! inode `lstat` saw); it answers [`Control::Descend`] to enter it. Symlinks
 //! are reported, never followed. Entries that vanish meanwhile are skipped.
 use crate::error::Error;
-use crate::stack::{identity, Level, Stack};
+use crate::stack::{Level, Stack};
 use nix::dir::Dir;
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, AtFlags, FcntlArg};
@@ -111,14 +111,7 @@ where
         if kind(&st) == SFlag::S_IFDIR && depth < opts.max_depth {
             match crate::stack::open_dir_at(fd, &name) {
                 Ok(d) => {
-                    let id = identity(&d).map_err(|errno| Error::Sys {
-                        op: "fstat",
-                        path: stack.describe_child(&name),
-                        errno,
-                    })?;
-                    if id != (st.st_dev, st.st_ino) {
-                        return Err(Error::Changed { path: stack.describe_child(&name) }.into());
-                    }
+                    crate::stack::check_opened(&stack, &d, &name, (st.st_dev, st.st_ino))?;
                     child = Some(d);
                 }
                 Err(Errno::ENOENT) => continue,
