@@ -1,0 +1,272 @@
+//! Snapshots and clones on this host's KVM (PVM), with the `snapcount` test guest
+//! (`guests/snapcount.S`): it writes a known word into each page of 8 MiB, then prints a mixing sequence
+//! step by step and, whenever the clone-identity generation changes, its generation, seed and
+//! the sum of those words (reading every page of the 8 MiB).
+//!
+//! The test boots it, pauses it mid-run, snapshots it, and restores two clones from the one
+//! snapshot. Each clone's output must continue the original's exactly from the snapshot point
+//! (the original's console up to the pause followed by the clone's console is one correct
+//! sequence), report generation 1 with a seed of its own (different from the other clone's and
+//! from the boot seed) and the right sum (its memory came from the file), and keep its private
+//! dirty memory small: the untouched pages stay shared through the file's page cache.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{config, guest, Probe};
+use pvisor_vmm::snapshot::{self, SnapshotPaths};
+use pvisor_vmm::{Vm, VmConfig, VmExit, VmHandle};
+
+/// Pages of the 8 MiB fill; the guest writes `(i + 1) * FILL_K` at the start of page `i`.
+const FILL_PAGES: u64 = (0xc0_0000 - 0x40_0000) / 4096;
+const FILL_K: u64 = 0x9e37_79b9_7f4a_7c15;
+const MIX_A: u64 = 6_364_136_223_846_793_005;
+const X0: u64 = 0x243f_6a88_85a3_08d3;
+/// A bound on waiting for guest progress, so a broken restore fails instead of hanging.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The expected sum the guest prints: the wrapping sum of `(i + 1) * FILL_K`.
+fn fill_sum() -> u64 {
+    (1..=FILL_PAGES).fold(0u64, |s, i| s.wrapping_add(i.wrapping_mul(FILL_K)))
+}
+
+/// A `gen` line's fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct GenLine {
+    generation: u64,
+    seed: String,
+    sum: u64,
+}
+
+/// What a console shows: `gen` lines, and the last step after checking every step line.
+#[derive(Debug, Default)]
+struct Transcript {
+    gens: Vec<GenLine>,
+    last_step: u64,
+}
+
+/// Checks that `text` is the guest's output from boot: banner, fill, then step lines numbered
+/// 1, 2, 3, ... with the right mixed value, `gen` lines anywhere between them. A final line
+/// without its newline is ignored (the guest was caught mid-line).
+fn check(text: &str) -> Transcript {
+    let mut lines: Vec<&str> = text.split_inclusive('\n').collect();
+    if lines.last().is_some_and(|l| !l.ends_with('\n')) {
+        lines.pop();
+    }
+    assert!(
+        lines.len() >= 2 && lines[0] == "snapcount\n" && lines[1] == "filled\n",
+        "bad start: {:?}",
+        &lines[..lines.len().min(3)]
+    );
+    let mut t = Transcript::default();
+    let mut x = X0;
+    for line in &lines[2..] {
+        let words: Vec<&str> = line.trim_end().split(' ').collect();
+        let hex = |w: &str| u64::from_str_radix(w, 16).unwrap_or_else(|_| panic!("bad number {w:?} in {line:?}"));
+        match words.as_slice() {
+            ["step", n, v] => {
+                let n = hex(n);
+                assert_eq!(n, t.last_step + 1, "step {n} follows step {} in {line:?}", t.last_step);
+                x = x.wrapping_mul(MIX_A).wrapping_add(n);
+                assert_eq!(hex(v), x, "step {n}: wrong value");
+                t.last_step = n;
+            }
+            ["gen", g, "seed", seed, "sum", sum] => {
+                assert_eq!(seed.len(), 64, "{line:?}");
+                t.gens.push(GenLine { generation: hex(g), seed: seed.to_string(), sum: hex(sum) });
+            }
+            _ => panic!("unexpected console line {line:?}"),
+        }
+    }
+    t
+}
+
+fn console_text(console: &pvisor_vmm::devices::console::SharedConsole) -> String {
+    String::from_utf8_lossy(&console.lock().unwrap().contents()).into_owned()
+}
+
+/// Waits until `console` has step `n` complete.
+fn wait_for_step(
+    console: &pvisor_vmm::devices::console::SharedConsole,
+    n: u64,
+    running: &std::thread::JoinHandle<VmExit>,
+) {
+    let deadline = Instant::now() + PATIENCE;
+    let needle = format!("step {n:016x} ");
+    loop {
+        let text = console_text(console);
+        if text.contains(&needle) && text[text.find(&needle).unwrap()..].contains('\n') {
+            return;
+        }
+        assert!(!running.is_finished(), "the VM ended before step {n}:\n{}", &text[text.len().saturating_sub(400)..]);
+        assert!(Instant::now() < deadline, "no step {n} after {PATIENCE:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The `Private_Dirty`, `Shared_Clean` and `Rss` (bytes) of this process's mapping at `addr`.
+fn smaps_of(addr: u64) -> (u64, u64, u64) {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut in_vma = false;
+    let (mut dirty, mut shared, mut rss) = (None, None, None);
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some(field) = first.strip_suffix(':') {
+            if in_vma {
+                let bytes = line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).map(|kb| kb * 1024);
+                match field {
+                    "Private_Dirty" => dirty = bytes,
+                    "Shared_Clean" => shared = bytes,
+                    "Rss" => rss = bytes,
+                    _ => {}
+                }
+            }
+        } else if let Some((start, _)) = first.split_once('-') {
+            in_vma = u64::from_str_radix(start, 16) == Ok(addr);
+        }
+    }
+    (dirty.expect("the mapping's Private_Dirty"), shared.expect("Shared_Clean"), rss.expect("Rss"))
+}
+
+fn ram_addr(vm: &Vm) -> u64 {
+    vm.ram().regions()[0].2
+}
+
+struct Restored {
+    handle: VmHandle,
+    console: pvisor_vmm::devices::console::SharedConsole,
+    runner: std::thread::JoinHandle<VmExit>,
+    ram: u64,
+    seed: [u8; 32],
+    generation: u64,
+}
+
+fn start_clone(paths: &SnapshotPaths) -> Restored {
+    let vm = snapshot::restore(paths, config()).expect("restoring a clone");
+    assert!(vm.ram().fd().is_none(), "a restored VM's RAM is a private mapping with no fd to share");
+    assert!(vm.refused_msrs().is_empty(), "KVM refused MSRs of the snapshot: {:x?}", vm.refused_msrs());
+    let (generation, seed) = vm.clone_identity();
+    let (handle, console, ram) = (vm.handle(), vm.console(), ram_addr(&vm));
+    let runner = std::thread::spawn(move || vm.run());
+    Restored { handle, console, runner, ram, seed, generation }
+}
+
+fn hex_seed(seed: &[u8; 32]) -> String {
+    seed.chunks(8).map(|c| format!("{:016x}", u64::from_le_bytes(c.try_into().unwrap()))).collect()
+}
+
+#[test]
+fn two_clones_continue_from_the_snapshot_with_fresh_seeds_and_shared_pages() {
+    common::require_kvm();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let paths = SnapshotPaths::in_dir(dir.path());
+
+    // Boot and run to some point mid-sequence.
+    let mut builder = pvisor_vmm::VmBuilder::new(config()).unwrap();
+    builder.load_flat(&guest("snapcount")).unwrap();
+    let vm = builder.build().unwrap();
+    let snapshotter = vm.snapshotter().expect("the snapcount VM can be snapshotted");
+    let (handle, console) = (vm.handle(), vm.console());
+    let (_, boot_seed) = vm.clone_identity();
+    let original = std::thread::spawn(move || vm.run());
+    wait_for_step(&console, 300, &original);
+
+    // Pause, note what it printed, snapshot it while paused; it stays paused.
+    handle.pause().unwrap();
+    let before = console_text(&console);
+    let info = snapshotter.snapshot(&paths).expect("taking the snapshot");
+    println!("snapshot: {info:?}");
+    assert!(handle.is_paused(), "a snapshot of a paused VM leaves it paused");
+    assert_eq!(console_text(&console), before, "the paused guest printed nothing");
+    let at_snapshot = check(&before);
+    assert!(at_snapshot.last_step >= 300);
+    assert_eq!(at_snapshot.gens, vec![GenLine { generation: 0, seed: hex_seed(&boot_seed), sum: fill_sum() }]);
+    assert!(info.memory_written >= 8 << 20, "the 8 MiB fill is in the memory file ({} bytes)", info.memory_written);
+    assert!(info.memory_written < 16 << 20, "untouched RAM was not written ({} bytes)", info.memory_written);
+    handle.stop();
+    assert_eq!(original.join().unwrap(), VmExit::Stopped);
+    let saved_clock = snapshot::format::read(&paths.state).unwrap().vm.clock;
+    let restore_realtime =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+
+    // Two clones of the one snapshot.
+    let a = start_clone(&paths);
+    let b = start_clone(&paths);
+    assert_eq!((a.generation, b.generation), (1, 1));
+    assert_ne!(a.seed, b.seed, "the clones got the same seed");
+    assert_ne!(a.seed, boot_seed);
+    let target = at_snapshot.last_step + 300;
+    wait_for_step(&a.console, target, &a.runner);
+    wait_for_step(&b.console, target, &b.runner);
+    a.handle.pause().unwrap();
+    b.handle.pause().unwrap();
+
+    for (name, clone, other) in [("a", &a, &b), ("b", &b, &a)] {
+        let t = check(&(before.clone() + &console_text(&clone.console)));
+        assert!(t.last_step >= target, "clone {name} continued the sequence to step {}", t.last_step);
+        let restored = &t.gens[1..];
+        assert_eq!(restored.len(), 1, "clone {name} saw one restore: {:?}", t.gens);
+        assert_eq!(restored[0], GenLine { generation: 1, seed: hex_seed(&clone.seed), sum: fill_sum() });
+        assert_ne!(restored[0].seed, hex_seed(&other.seed), "clone {name} printed the other clone's seed");
+    }
+
+    // Memory: each clone read the whole 8 MiB fill (its sum is right) yet owns few pages.
+    let ram = config().memory_bytes;
+    for (name, clone) in [("a", &a), ("b", &b)] {
+        let (dirty, shared, rss) = smaps_of(clone.ram);
+        println!("clone {name}: Private_Dirty {dirty} B, Shared_Clean {shared} B, Rss {rss} B of {ram} B guest RAM");
+        assert!(rss >= 8 << 20, "clone {name} maps the 8 MiB it read ({rss} B resident)");
+        assert!(dirty <= 1 << 20, "clone {name} has {dirty} B of private dirty memory: untouched pages were copied");
+        assert!(dirty * 16 <= ram, "private dirty memory is small next to guest RAM");
+        assert!(shared >= 8 << 20, "the clones share the fill's pages through the page cache ({shared} B shared)");
+    }
+
+    // The clock: KVM advanced kvmclock by the wall time since the snapshot.
+    match saved_clock {
+        Some(saved) if saved.flags & kvm_bindings::KVM_CLOCK_REALTIME != 0 => {
+            let vm = snapshot::restore(&paths, config()).unwrap();
+            let now = vm.kvm_clock().expect("KVM_GET_CLOCK on the restored VM");
+            let elapsed = restore_realtime - saved.realtime;
+            assert!(now >= saved.clock + elapsed, "kvmclock {now} < saved {} + elapsed {elapsed}", saved.clock);
+            println!("kvmclock: saved {} ns, restored at {now} ns ({elapsed} ns of wall time later)", saved.clock);
+        }
+        other => {
+            pvisor_testkit::skip(format!("kvmclock not restored with KVM_CLOCK_REALTIME here: saved clock {other:?}"))
+        }
+    }
+
+    for clone in [a, b] {
+        clone.handle.stop();
+        assert_eq!(clone.runner.join().unwrap(), VmExit::Stopped);
+    }
+}
+
+#[test]
+fn a_vm_with_a_device_the_vmm_cannot_save_refuses_a_snapshot() {
+    common::require_kvm();
+    let mut builder = pvisor_vmm::VmBuilder::new(config()).unwrap();
+    builder.add_pio_device(0x510, 0x10, Probe::new(0)).unwrap();
+    builder.load_flat(&guest("hello")).unwrap();
+    let vm = builder.build().unwrap();
+    assert!(matches!(vm.snapshotter(), Err(snapshot::Error::Unsupported(_))));
+}
+
+#[test]
+fn a_restore_refuses_a_memory_file_of_the_wrong_size() {
+    common::require_kvm();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let paths = SnapshotPaths::in_dir(dir.path());
+    let mut builder = pvisor_vmm::VmBuilder::new(config()).unwrap();
+    builder.load_flat(&guest("count")).unwrap();
+    let vm = builder.build().unwrap();
+    // A VM not yet run snapshots too (its vCPUs are at the entry point).
+    vm.snapshotter().unwrap().snapshot(&paths).unwrap();
+    drop(vm);
+    std::fs::OpenOptions::new().write(true).open(&paths.memory).unwrap().set_len(4096).unwrap();
+    match snapshot::restore(&paths, VmConfig { ..config() }) {
+        Err(snapshot::Error::MemorySize { file: 4096, .. }) => {}
+        Err(e) => panic!("expected a memory size mismatch, got {e}"),
+        Ok(_) => panic!("a truncated memory file was restored"),
+    }
+}
