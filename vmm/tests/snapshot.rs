@@ -187,8 +187,6 @@ fn two_clones_continue_from_the_snapshot_with_fresh_seeds_and_shared_pages() {
     handle.stop();
     assert_eq!(original.join().unwrap(), VmExit::Stopped);
     let saved_clock = snapshot::format::read(&paths.state).unwrap().vm.clock;
-    let restore_realtime =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
 
     // Two clones of the one snapshot.
     let a = start_clone(&paths);
@@ -222,14 +220,20 @@ fn two_clones_continue_from_the_snapshot_with_fresh_seeds_and_shared_pages() {
         assert!(shared >= 8 << 20, "the clones share the fill's pages through the page cache ({shared} B shared)");
     }
 
-    // The clock: KVM advanced kvmclock by the wall time since the snapshot.
+    // The clock: KVM advanced kvmclock by the wall time since the snapshot (between the wall
+    // times before the restore and after the read; the upper bound has a second of slack for
+    // the two clocks' drift).
+    let wall = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
     match saved_clock {
         Some(saved) if saved.flags & kvm_bindings::KVM_CLOCK_REALTIME != 0 => {
+            let before = wall();
             let vm = snapshot::restore(&paths, config()).unwrap();
             let now = vm.kvm_clock().expect("KVM_GET_CLOCK on the restored VM");
-            let elapsed = restore_realtime - saved.realtime;
-            assert!(now >= saved.clock + elapsed, "kvmclock {now} < saved {} + elapsed {elapsed}", saved.clock);
-            println!("kvmclock: saved {} ns, restored at {now} ns ({elapsed} ns of wall time later)", saved.clock);
+            let after = wall();
+            let (low, high) = (saved.clock + (before - saved.realtime), saved.clock + (after - saved.realtime));
+            println!("kvmclock: saved {} ns, restored {now} ns, expected {low}..={high} ns", saved.clock);
+            assert!(now >= low, "kvmclock {now} did not advance by the wall time since the snapshot (>= {low})");
+            assert!(now <= high + 1_000_000_000, "kvmclock {now} ran ahead of the wall time (<= {high})");
         }
         other => {
             pvisor_testkit::skip(format!("kvmclock not restored with KVM_CLOCK_REALTIME here: saved clock {other:?}"))
