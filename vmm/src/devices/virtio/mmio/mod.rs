@@ -11,9 +11,13 @@
 //!
 //! The device model itself lives in a [`DeviceCell`] shared with the device
 //! thread ([`super::event_loop`]), which does all queue processing.
+//!
+//! [`snapshot`]: the transport's registers and queues saved for a VM snapshot and put back
+//! into a new transport.
 
 mod interrupt;
 pub mod regs;
+pub mod snapshot;
 mod state;
 mod transport;
 
@@ -37,6 +41,10 @@ pub enum Error {
         #[source]
         source: virtio_queue::Error,
     },
+    #[error("the snapshot's transport does not fit this device: {0}")]
+    Mismatch(&'static str),
+    #[error("the device refuses to be snapshotted: {0}")]
+    Unsupported(&'static str),
 }
 
 #[cfg(test)]
