@@ -57,6 +57,29 @@ pub enum Error {
     /// The state did not decode (or encode).
     #[error("decoding the snapshot state: {0}")]
     Decode(#[source] serde_json::Error),
+    /// A virtio transport could not be saved or restored.
+    #[error("virtio-mmio transport: {0}")]
+    Virtio(#[from] crate::devices::virtio::mmio::Error),
+    /// The devices handed to a restore do not match the snapshot's.
+    #[error("the snapshot has {snapshot} virtio devices, the restore was given {given}")]
+    VirtioCount {
+        /// In the snapshot.
+        snapshot: usize,
+        /// Handed to the restore.
+        given: usize,
+    },
+    /// A restored virtio transport did not land where the snapshot had it.
+    #[error("virtio device {index} was at {saved:#x} (GSI {saved_gsi}), the restore placed it at {placed:#x}")]
+    VirtioSlot {
+        /// Its index.
+        index: usize,
+        /// Where it was.
+        saved: u64,
+        /// Its GSI then.
+        saved_gsi: u32,
+        /// Where the restore put it.
+        placed: u64,
+    },
     /// The state and the memory file do not belong together.
     #[error("the memory file holds {file:#x} bytes, the state describes {state:#x}")]
     MemorySize {

@@ -26,11 +26,22 @@
 //! The guest TSC MSR is restored to its saved value (time stands still for TSC readers until
 //! they re-read kvmclock or the wall clock).
 //!
-//! **What is captured here (PVM)**: see [`crate::kvm::state`]; pieces KVM refuses are listed in
-//! each [`VcpuState::missing`](crate::kvm::state::VcpuState::missing) and in
-//! [`SnapshotInfo`]. **Not captured**: virtio-mmio transports, their queues and the devices
-//! behind them (a VM with a virtio device, or with a caller's own PIO/MMIO device, refuses with
-//! [`Error::Unsupported`]); the console log (host-side; a clone starts an empty one).
+//! **Virtio devices**: transports added with
+//! [`VmBuilder::add_virtio_transport`] are saved (registers, queues:
+//! [`crate::devices::virtio::mmio::snapshot`]) if their device declares snapshot support
+//! (virtio-blk does; vsock and net do not yet: their host connections would need a transport
+//! reset event and reconnection). While the state and memory are captured, every transport's
+//! device cell is locked, so the device thread cannot touch guest memory or queues mid-capture.
+//! [`restore_with_devices`] takes fresh device models in the same order (a block device over the
+//! same backend), restores each transport into the same window and GSI, and kicks its queues.
+//!
+//! **What KVM gives here (PVM)**: everything of [`crate::kvm::state`] (XSAVE, XCRs, debug
+//! registers, every listed MSR, LAPIC, events, MP state, PIC/IOAPIC, PIT, kvmclock with
+//! `KVM_CLOCK_REALTIME`); pieces a KVM refuses are listed in each
+//! [`VcpuState::missing`](crate::kvm::state::VcpuState::missing) and in [`SnapshotInfo`].
+//! **Not captured**: a caller's own PIO/MMIO devices and opaque virtio devices (such a VM
+//! refuses with [`Error::Unsupported`]); the console log (host-side; a clone starts an empty
+//! one).
 //!
 //! * [`state`]: the serde records; [`format`]: the state file's framing; [`memory`]: the memory
 //!   file; [`error`]: [`Error`].
@@ -46,14 +57,16 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::devices::clone_id::CloneId;
 use crate::devices::serial::Serial;
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::VirtioDevice;
 use crate::kvm::{self, Hypervisor, VcpuView};
 use crate::memory::{Backing, GuestRam};
 use crate::vm::builder::DeviceStart;
-use crate::vm::{Vm, VmBuilder, VmConfig, VmHandle};
+use crate::vm::{VirtioMmioSlot, Vm, VmBuilder, VmConfig, VmHandle};
 
 /// Where a snapshot's two files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +110,7 @@ pub struct Snapshotter {
     memory: GuestMemoryMmap,
     backing_file: File,
     backing: Backing,
+    transports: Vec<(VirtioMmioSlot, Arc<Mutex<MmioTransport>>)>,
 }
 
 impl Vm {
@@ -121,6 +135,7 @@ impl Vm {
             memory: self.ram.memory().clone(),
             backing_file,
             backing: self.ram.backing(),
+            transports: self.transports.clone(),
         })
     }
 }
@@ -155,6 +170,18 @@ impl Snapshotter {
         if vm.clock.is_none() {
             missing.push("KVM_GET_CLOCK".into());
         }
+        // Keep the device thread out of every device until the memory is written.
+        let transports: Vec<_> =
+            self.transports.iter().map(|(_, t)| t.lock().unwrap_or_else(|p| p.into_inner())).collect();
+        let cells: Vec<_> = transports.iter().map(|t| t.cell().lock().unwrap_or_else(|p| p.into_inner())).collect();
+        let mut virtio = Vec::with_capacity(cells.len());
+        for ((slot, _), (transport, cell)) in self.transports.iter().zip(transports.iter().zip(&cells)) {
+            virtio.push(state::VirtioSlotState {
+                addr: slot.addr,
+                gsi: slot.gsi,
+                transport: transport.state_of(cell)?,
+            });
+        }
         let serial = self.serial.lock().unwrap_or_else(|p| p.into_inner()).state();
         let clone_generation = self.clone_id.lock().unwrap_or_else(|p| p.into_inner()).generation();
         let regions = {
@@ -164,19 +191,33 @@ impl Snapshotter {
         let snapshot = state::Snapshot {
             vm,
             vcpus,
-            devices: state::DevicesState { serial, clone_generation, debug_exit: self.debug_exit },
+            devices: state::DevicesState { serial, clone_generation, debug_exit: self.debug_exit, virtio },
             memory: state::MemoryState { bytes: regions.iter().map(|r| r.1).sum(), regions },
         };
         let stats = memory::write(&self.memory, &self.backing_file, self.backing, &paths.memory)?;
+        drop(cells);
+        drop(transports);
         let state_bytes = format::write(&snapshot, &paths.state)?;
         Ok(SnapshotInfo { state_bytes, memory_written: stats.written, memory_scanned: stats.scanned, missing })
     }
 }
 
-/// Restores a VM from the snapshot at `paths`. From `config` only the console settings and
-/// `vcpu_seccomp` are used: vCPUs, RAM and the debug port come from the snapshot. The VM's
-/// clone-identity device shows generation + 1 and a fresh seed.
+/// Restores a VM without virtio devices from the snapshot at `paths`. From `config` only the
+/// console settings and `vcpu_seccomp` are used: vCPUs, RAM and the debug port come from the
+/// snapshot. The VM's clone-identity device shows generation + 1 and a fresh seed.
 pub fn restore(paths: &SnapshotPaths, config: VmConfig) -> Result<Vm, Error> {
+    Ok(restore_with_devices(paths, config, Vec::new())?.0)
+}
+
+/// [`restore`] for a snapshot with virtio devices: `devices` are fresh models of the snapshot's
+/// devices in their order (same kind, same offered features: a block device over the same disk).
+/// Returns the VM and the restored transports, to add to the device thread's event loop before
+/// the VM runs (their queues are already kicked once).
+pub fn restore_with_devices(
+    paths: &SnapshotPaths,
+    config: VmConfig,
+    devices: Vec<Box<dyn VirtioDevice>>,
+) -> Result<(Vm, Vec<Arc<Mutex<MmioTransport>>>), Error> {
     let snapshot = format::read(&paths.state)?;
     let file = File::open(&paths.memory).map_err(Error::io("opening", &paths.memory))?;
     let file_len = file.metadata().map_err(Error::io("reading the size of", &paths.memory))?.len();
@@ -196,8 +237,22 @@ pub fn restore(paths: &SnapshotPaths, config: VmConfig) -> Result<Vm, Error> {
     let start =
         DeviceStart { serial: Some(&snapshot.devices.serial), generation: snapshot.devices.clone_generation + 1 };
     let mut builder = VmBuilder::assemble(config, kvm, vm, ram, start)?;
+    if devices.len() != snapshot.devices.virtio.len() {
+        return Err(Error::VirtioCount { snapshot: snapshot.devices.virtio.len(), given: devices.len() });
+    }
+    let mut transports = Vec::with_capacity(devices.len());
+    for (index, (device, saved)) in devices.into_iter().zip(&snapshot.devices.virtio).enumerate() {
+        let mem = GuestMemoryAtomic::new(builder.memory().clone());
+        let transport = MmioTransport::restore(device, mem, &saved.transport)?;
+        let (slot, transport) = builder.add_virtio_transport(transport)?;
+        if (slot.addr, slot.gsi) != (saved.addr, saved.gsi) {
+            return Err(Error::VirtioSlot { index, saved: saved.addr, saved_gsi: saved.gsi, placed: slot.addr });
+        }
+        transport.lock().unwrap_or_else(|p| p.into_inner()).kick_queues();
+        transports.push(transport);
+    }
     builder.set_restored_vcpus(snapshot.vcpus);
-    Ok(builder.build()?)
+    Ok((builder.build()?, transports))
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::devices::serial::UartState;
+use crate::devices::virtio::mmio::snapshot::TransportState;
 use crate::kvm::state::{VcpuState, VmState};
 
 /// The whole state of a paused VM, except its memory (which is in the memory file).
@@ -20,8 +21,9 @@ pub struct Snapshot {
     pub memory: MemoryState,
 }
 
-/// The standard devices' state. Virtio-mmio transports and their queues are not here yet: a VM
-/// with virtio devices refuses to be snapshotted ([`super::Error::Unsupported`]).
+/// The devices' state: the standard ones, and each virtio-mmio transport added with
+/// `VmBuilder::add_virtio_transport` (a VM with an opaque virtio device refuses to be
+/// snapshotted, [`super::Error::Unsupported`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DevicesState {
     /// The COM1 UART's registers and unread input.
@@ -30,6 +32,19 @@ pub struct DevicesState {
     pub clone_generation: u64,
     /// Whether the debug exit port was present (test guests).
     pub debug_exit: bool,
+    /// The virtio-mmio transports, in placement order.
+    pub virtio: Vec<VirtioSlotState>,
+}
+
+/// One virtio-mmio transport: where it sat and its state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VirtioSlotState {
+    /// Base address of its window.
+    pub addr: u64,
+    /// Its interrupt line.
+    pub gsi: u32,
+    /// Registers and queues.
+    pub transport: TransportState,
 }
 
 /// The memory file's layout.

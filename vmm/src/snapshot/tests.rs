@@ -16,6 +16,7 @@ fn snapshot() -> Snapshot {
             serial: UartState::from(vm_superio::serial::SerialState::default()),
             clone_generation: 4,
             debug_exit: true,
+            virtio: Vec::new(),
         },
         memory: MemoryState { bytes: 1 << 20, regions: vec![(0, 1 << 20)] },
     }

@@ -13,6 +13,7 @@ use crate::bus::{Bus, SharedDevice};
 use crate::devices::clone_id::{self, CloneId};
 use crate::devices::console::{ConsoleLog, SharedConsole};
 use crate::devices::serial::UartState;
+use crate::devices::virtio::mmio::{regs, MmioTransport};
 use crate::devices::{debug_exit, i8042, serial};
 use crate::exit::ExitLatch;
 use crate::kvm::{self, Hypervisor, IoEventAddress};
@@ -40,6 +41,8 @@ pub struct VmBuilder {
     clone_id: Arc<Mutex<CloneId>>,
     /// Why this VM cannot be snapshotted (a device added whose state the VMM cannot save).
     unsnapshottable: Option<&'static str>,
+    /// Virtio transports a snapshot saves, in placement order.
+    transports: Vec<(VirtioMmioSlot, Arc<Mutex<MmioTransport>>)>,
     /// The vCPU states of a restore (instead of a loaded guest's entry state).
     restored: Option<Vec<crate::kvm::state::VcpuState>>,
 }
@@ -112,6 +115,7 @@ impl VmBuilder {
             serial: serial.clone(),
             clone_id: clone_id.clone(),
             unsnapshottable: None,
+            transports: Vec::new(),
             restored: None,
         };
         builder.pio.insert(serial::COM1_PORT, serial::COM1_LEN, serial)?;
@@ -191,7 +195,45 @@ impl VmBuilder {
     /// registers its queue-notify `ioeventfds` (addresses relative to the window, e.g. 0x50)
     /// and its interrupt eventfd as an irqfd, and returns where it went (see
     /// [`VirtioMmioSlot::cmdline`] and [`VmBuilder::virtio_cmdline`]).
+    ///
+    /// The device is opaque here, so the VM can no longer be snapshotted; a transport added with
+    /// [`add_virtio_transport`](Self::add_virtio_transport) can be.
     pub fn add_virtio_mmio_device(
+        &mut self,
+        device: SharedDevice,
+        ioeventfds: Vec<IoEventFd>,
+        irq: &EventFd,
+    ) -> Result<VirtioMmioSlot, Error> {
+        self.unsnapshottable = Some("a virtio-mmio device added as an opaque bus device");
+        self.place_virtio(device, ioeventfds, irq)
+    }
+
+    /// Places a virtio-mmio `transport` as [`add_virtio_mmio_device`](Self::add_virtio_mmio_device)
+    /// does (its queue eventfds as ioeventfds on QueueNotify, its interrupt as the irqfd) and
+    /// keeps it for snapshots. Add it to the device thread's event loop before. Returns where it
+    /// went and the shared transport.
+    pub fn add_virtio_transport(
+        &mut self,
+        transport: MmioTransport,
+    ) -> Result<(VirtioMmioSlot, Arc<Mutex<MmioTransport>>), Error> {
+        let ioeventfds = transport
+            .queue_evts()
+            .iter()
+            .enumerate()
+            .map(|(i, evt)| {
+                let fd = evt.try_clone().map_err(Error::EventFd)?;
+                Ok(IoEventFd { addr: regs::QUEUE_NOTIFY, datamatch: Some(i as u32), fd })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let irq = transport.interrupt().irq_fd().try_clone().map_err(Error::EventFd)?;
+        let transport = Arc::new(Mutex::new(transport));
+        let slot = self.place_virtio(transport.clone(), ioeventfds, &irq)?;
+        self.eventfds.push(irq);
+        self.transports.push((slot, transport.clone()));
+        Ok((slot, transport))
+    }
+
+    fn place_virtio(
         &mut self,
         device: SharedDevice,
         ioeventfds: Vec<IoEventFd>,
@@ -209,8 +251,6 @@ impl VmBuilder {
             self.eventfds.push(ioevent.fd);
         }
         self.vm.register_irqfd(irq, gsi)?;
-        // Transport, queue and device state are not captured yet (see crate::snapshot).
-        self.unsnapshottable = Some("a virtio-mmio device");
         self.next_mmio += layout::VIRTIO_MMIO_SIZE;
         let slot = VirtioMmioSlot { addr, gsi };
         self.virtio.push(slot);
@@ -286,6 +326,7 @@ impl VmBuilder {
             serial: self.serial,
             clone_id: self.clone_id,
             unsnapshottable: self.unsnapshottable,
+            transports: self.transports,
             debug_exit: self.config.debug_exit,
             refused_msrs,
             vm: Arc::new(self.vm),

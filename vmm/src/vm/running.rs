@@ -36,6 +36,8 @@ pub struct Vm {
     pub(crate) clone_id: Arc<Mutex<CloneId>>,
     /// Why the VM cannot be snapshotted, if it cannot.
     pub(crate) unsnapshottable: Option<&'static str>,
+    /// Virtio transports a snapshot saves, in placement order.
+    pub(crate) transports: Vec<(super::VirtioMmioSlot, Arc<Mutex<crate::devices::virtio::mmio::MmioTransport>>)>,
     pub(crate) debug_exit: bool,
     /// MSRs of a restore that KVM refused to set.
     pub(crate) refused_msrs: Vec<u32>,

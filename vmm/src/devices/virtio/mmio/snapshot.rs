@@ -104,7 +104,13 @@ pub struct TransportState {
 impl MmioTransport {
     /// The transport's state. Fails if the device has state the transport cannot carry.
     pub fn save_state(&self) -> Result<TransportState, Error> {
-        let cell = self.lock();
+        self.state_of(&self.lock())
+    }
+
+    /// [`save_state`](Self::save_state) with the device cell already locked by the caller
+    /// (`cell` must be this transport's, from [`cell`](Self::cell)), who keeps the device thread
+    /// out for longer (a VM snapshot, until guest memory is written).
+    pub fn state_of(&self, cell: &DeviceCell) -> Result<TransportState, Error> {
         cell.device.snapshot_support().map_err(Error::Unsupported)?;
         Ok(TransportState {
             device_type: self.device_type,
