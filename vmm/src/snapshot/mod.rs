@@ -61,7 +61,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::devices::clone_id::CloneId;
 use crate::devices::serial::Serial;
-use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::mmio::{MmioTransport, SharedTransport};
 use crate::devices::virtio::VirtioDevice;
 use crate::kvm::{self, Hypervisor, VcpuView};
 use crate::memory::{Backing, GuestRam};
@@ -110,7 +110,7 @@ pub struct Snapshotter {
     memory: GuestMemoryMmap,
     backing_file: File,
     backing: Backing,
-    transports: Vec<(VirtioMmioSlot, Arc<Mutex<MmioTransport>>)>,
+    transports: Vec<(VirtioMmioSlot, SharedTransport)>,
 }
 
 impl Vm {
@@ -217,7 +217,7 @@ pub fn restore_with_devices(
     paths: &SnapshotPaths,
     config: VmConfig,
     devices: Vec<Box<dyn VirtioDevice>>,
-) -> Result<(Vm, Vec<Arc<Mutex<MmioTransport>>>), Error> {
+) -> Result<(Vm, Vec<SharedTransport>), Error> {
     let snapshot = format::read(&paths.state)?;
     let file = File::open(&paths.memory).map_err(Error::io("opening", &paths.memory))?;
     let file_len = file.metadata().map_err(Error::io("reading the size of", &paths.memory))?.len();

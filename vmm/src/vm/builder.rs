@@ -13,7 +13,7 @@ use crate::bus::{Bus, SharedDevice};
 use crate::devices::clone_id::{self, CloneId};
 use crate::devices::console::{ConsoleLog, SharedConsole};
 use crate::devices::serial::UartState;
-use crate::devices::virtio::mmio::{regs, MmioTransport};
+use crate::devices::virtio::mmio::{regs, MmioTransport, SharedTransport};
 use crate::devices::{debug_exit, i8042, serial};
 use crate::exit::ExitLatch;
 use crate::kvm::{self, Hypervisor, IoEventAddress};
@@ -42,7 +42,7 @@ pub struct VmBuilder {
     /// Why this VM cannot be snapshotted (a device added whose state the VMM cannot save).
     unsnapshottable: Option<&'static str>,
     /// Virtio transports a snapshot saves, in placement order.
-    transports: Vec<(VirtioMmioSlot, Arc<Mutex<MmioTransport>>)>,
+    transports: Vec<(VirtioMmioSlot, SharedTransport)>,
     /// The vCPU states of a restore (instead of a loaded guest's entry state).
     restored: Option<Vec<crate::kvm::state::VcpuState>>,
 }
@@ -215,7 +215,7 @@ impl VmBuilder {
     pub fn add_virtio_transport(
         &mut self,
         transport: MmioTransport,
-    ) -> Result<(VirtioMmioSlot, Arc<Mutex<MmioTransport>>), Error> {
+    ) -> Result<(VirtioMmioSlot, SharedTransport), Error> {
         let ioeventfds = transport
             .queue_evts()
             .iter()

@@ -37,7 +37,7 @@ pub struct Vm {
     /// Why the VM cannot be snapshotted, if it cannot.
     pub(crate) unsnapshottable: Option<&'static str>,
     /// Virtio transports a snapshot saves, in placement order.
-    pub(crate) transports: Vec<(super::VirtioMmioSlot, Arc<Mutex<crate::devices::virtio::mmio::MmioTransport>>)>,
+    pub(crate) transports: Vec<(super::VirtioMmioSlot, crate::devices::virtio::mmio::SharedTransport)>,
     pub(crate) debug_exit: bool,
     /// MSRs of a restore that KVM refused to set.
     pub(crate) refused_msrs: Vec<u32>,

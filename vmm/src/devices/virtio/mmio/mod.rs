@@ -25,6 +25,9 @@ pub use interrupt::Interrupt;
 pub use state::DeviceCell;
 pub use transport::MmioTransport;
 
+/// A transport shared by the MMIO bus (vCPU threads) and whoever snapshots the VM.
+pub type SharedTransport = std::sync::Arc<std::sync::Mutex<MmioTransport>>;
+
 /// Size of the MMIO window of one device (registers and config space).
 pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
 
