@@ -417,3 +417,69 @@ fn a_clone_continues_a_virtio_blk_queue_from_the_snapshot() {
     // A restore given the wrong devices is refused.
     assert!(matches!(snapshot::restore(&paths, config()), Err(snapshot::Error::VirtioCount { snapshot: 1, given: 0 })));
 }
+
+/// Reads `count.S`'s counter from a VM's memory.
+fn counter(memory: &vm_memory::GuestMemoryMmap) -> u64 {
+    use vm_memory::{Bytes, GuestAddress};
+    memory.load::<u64>(GuestAddress(0x20_0000), std::sync::atomic::Ordering::SeqCst).unwrap()
+}
+
+/// Waits until the counter passes `than`.
+fn wait_counter_above(memory: &vm_memory::GuestMemoryMmap, than: u64) -> u64 {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let now = counter(memory);
+        if now > than {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "the counter stayed at {now}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_two_vcpu_vm_and_a_clone_of_a_clone_keep_counting() {
+    // vCPU 1 waits for a startup IPI inside KVM_RUN; its state (MP state included) goes into
+    // the snapshot too. A clone is snapshotted again (its RAM is a private file mapping): the
+    // second-generation clone sees generation 2 and counts on from its parent's count.
+    common::require_kvm();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+    std::fs::create_dir(&first).unwrap();
+    std::fs::create_dir(&second).unwrap();
+    let cfg = VmConfig { vcpus: 2, ..config() };
+    let mut builder = pvisor_vmm::VmBuilder::new(cfg).unwrap();
+    builder.load_flat(&guest("count")).unwrap();
+    let vm = builder.build().unwrap();
+    let snapshotter = vm.snapshotter().unwrap();
+    let (handle, memory) = (vm.handle(), vm.memory().clone());
+    let runner = std::thread::spawn(move || vm.run());
+    wait_counter_above(&memory, 1000);
+    handle.pause().unwrap();
+    let at_first = counter(&memory);
+    snapshotter.snapshot(&SnapshotPaths::in_dir(&first)).unwrap();
+    handle.stop();
+    assert_eq!(runner.join().unwrap(), VmExit::Stopped);
+
+    let clone = snapshot::restore(&SnapshotPaths::in_dir(&first), config()).unwrap();
+    assert_eq!(clone.clone_identity().0, 1);
+    let snapshotter = clone.snapshotter().unwrap();
+    let (handle, memory) = (clone.handle(), clone.memory().clone());
+    assert_eq!(counter(&memory), at_first, "the clone starts at the snapshot's count");
+    let runner = std::thread::spawn(move || clone.run());
+    wait_counter_above(&memory, at_first + 1000);
+    handle.pause().unwrap();
+    let at_second = counter(&memory);
+    snapshotter.snapshot(&SnapshotPaths::in_dir(&second)).unwrap();
+    handle.stop();
+    assert_eq!(runner.join().unwrap(), VmExit::Stopped);
+
+    let grandchild = snapshot::restore(&SnapshotPaths::in_dir(&second), config()).unwrap();
+    assert_eq!(grandchild.clone_identity().0, 2);
+    let (handle, memory) = (grandchild.handle(), grandchild.memory().clone());
+    assert_eq!(counter(&memory), at_second);
+    let runner = std::thread::spawn(move || grandchild.run());
+    wait_counter_above(&memory, at_second);
+    handle.stop();
+    assert_eq!(runner.join().unwrap(), VmExit::Stopped);
+}
