@@ -79,10 +79,20 @@ pub fn write(
                     path: path.to_owned(),
                     source: std::io::Error::other(e),
                 })?;
-                for (i, page) in chunk.chunks(PAGE).enumerate() {
-                    if page.iter().any(|&b| b != 0) {
-                        out.write_all_at(page, at + (i * PAGE) as u64).map_err(Error::io("writing", path))?;
-                        stats.written += page.len() as u64;
+                // One write per run of non-zero pages.
+                let mut run: Option<usize> = None;
+                let pages = chunk.len().div_ceil(PAGE);
+                for i in 0..=pages {
+                    let nonzero = i < pages && chunk[i * PAGE..((i + 1) * PAGE).min(n)].iter().any(|&b| b != 0);
+                    match (nonzero, run) {
+                        (true, None) => run = Some(i),
+                        (false, Some(first)) => {
+                            let bytes = &chunk[first * PAGE..(i * PAGE).min(n)];
+                            out.write_all_at(bytes, at + (first * PAGE) as u64).map_err(Error::io("writing", path))?;
+                            stats.written += bytes.len() as u64;
+                            run = None;
+                        }
+                        _ => {}
                     }
                 }
                 stats.scanned += n as u64;
@@ -106,16 +116,18 @@ mod tests {
         ram.memory().write_obj(0x1122_3344u32, GuestAddress(0x3000)).unwrap();
         ram.memory().write_obj(0u32, GuestAddress(0x20_0000)).unwrap(); // touched, still zero
         ram.memory().write_obj(0x55u8, GuestAddress(0x3f_ffff)).unwrap();
+        ram.memory().write_obj(0x66u8, GuestAddress(0x3f_e000)).unwrap(); // the page before: one run
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("memory");
         let stats = write(ram.memory(), ram.backing_file(), ram.backing(), &path).unwrap();
-        assert_eq!(stats.written, 2 * PAGE as u64, "two non-zero pages");
+        assert_eq!(stats.written, 3 * PAGE as u64, "three non-zero pages");
         assert!(stats.scanned < 4 << 20, "only the memfd's data ranges were read");
         let file = File::open(&path).unwrap();
         assert_eq!(file.metadata().unwrap().len(), 4 << 20);
         let restored = GuestRam::from_snapshot(file, 4 << 20).unwrap();
         assert_eq!(restored.memory().read_obj::<u32>(GuestAddress(0x3000)).unwrap(), 0x1122_3344);
         assert_eq!(restored.memory().read_obj::<u8>(GuestAddress(0x3f_ffff)).unwrap(), 0x55);
+        assert_eq!(restored.memory().read_obj::<u8>(GuestAddress(0x3f_e000)).unwrap(), 0x66);
         assert_eq!(restored.memory().read_obj::<u32>(GuestAddress(0x10_0000)).unwrap(), 0);
     }
 }
