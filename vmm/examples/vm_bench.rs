@@ -10,6 +10,15 @@
 //!     process's pid once the guest is halted, then keeps the guest halted until stdin closes,
 //!     so the harness can read /proc/PID/smaps while a guest runs. The guest-RAM mapping is the
 //!     memfd named "pvisor-guest-ram"; the harness subtracts it.
+//!
+//! vm_bench snapshot [--runs N] [--memory-mib M] [--touch-mib T] [--clones C] [--dir DIR]
+//!     Boots a guest that touches T MiB of its M MiB and prints on the serial port, snapshots
+//!     it into DIR (default: a fresh directory under the temp dir, removed afterwards), then
+//!     times N restores to the clone's first serial byte (the memory file warm in the page
+//!     cache, as for a template; teardown excluded). Then snapshots an idle variant (prints
+//!     once and halts) and keeps C clones of it restored at once, reporting each clone's
+//!     guest-RAM mapping (Rss, private) and this process's Rss/Pss growth per clone. One JSON
+//!     line: {"mode":"snapshot",...,"restore_first_byte_us":[..],"idle_clones":{..}}.
 //! ```
 //!
 //! Statistics are the harness's job: this prints raw samples only.
@@ -147,13 +156,116 @@ fn hold(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `(Rss, Private_Clean + Private_Dirty)` in KiB of this process's mapping starting at `addr`.
+fn mapping_kib(addr: u64) -> Result<(u64, u64)> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    let (mut inside, mut rss, mut private) = (false, 0, 0);
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        let kib = || line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        match first.strip_suffix(':') {
+            Some("Rss") if inside => rss = kib(),
+            Some("Private_Clean") | Some("Private_Dirty") if inside => private += kib(),
+            Some(_) => {}
+            None => {
+                if let Some((start, _)) = first.split_once('-') {
+                    inside = u64::from_str_radix(start, 16) == Ok(addr);
+                }
+            }
+        }
+    }
+    Ok((rss, private))
+}
+
+/// `(Rss, Pss)` of this process in KiB.
+fn rollup_kib() -> Result<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/self/smaps_rollup")?;
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Ok((field("Rss:"), field("Pss:")))
+}
+
+fn snapshot(args: &[String]) -> Result<()> {
+    use pvisor_vmm::bench;
+    use pvisor_vmm::snapshot::SnapshotPaths;
+    let runs = option(args, "--runs", 100)?;
+    let memory_mib = option(args, "--memory-mib", 128)?;
+    let touch_mib = option(args, "--touch-mib", 64)?;
+    let clones = option(args, "--clones", 10)?;
+    if runs == 0 || touch_mib == 0 || touch_mib + 2 > memory_mib {
+        return Err("--runs must be >= 1 and --touch-mib 1..=(--memory-mib - 2)".into());
+    }
+    let dir = match args.iter().position(|a| a == "--dir") {
+        Some(i) => std::path::PathBuf::from(args.get(i + 1).ok_or("--dir needs a value")?),
+        None => std::env::temp_dir().join(format!("pvisor-vm-bench-{}", std::process::id())),
+    };
+    let pages = u32::try_from((touch_mib << 20) / 4096)?;
+    let (busy, idle) = (dir.join("busy"), dir.join("idle"));
+    std::fs::create_dir_all(&busy)?;
+    std::fs::create_dir_all(&idle)?;
+
+    let busy_paths = SnapshotPaths::in_dir(&busy);
+    let start = Instant::now();
+    let info = bench::snapshot_serial_loop(&busy_paths, memory_mib << 20, pages, false)?;
+    let snapshot_ms = start.elapsed().as_secs_f64() * 1e3;
+    let mut samples = Vec::new();
+    for _ in 0..runs {
+        let clone = bench::restore_to_first_byte(&busy_paths)?;
+        samples.push(format!("{:.1}", clone.first_byte.as_secs_f64() * 1e6));
+        clone.handle.stop();
+        clone.runner.join().map_err(|_| "a clone's VM thread panicked")?;
+    }
+
+    let idle_paths = SnapshotPaths::in_dir(&idle);
+    bench::snapshot_serial_loop(&idle_paths, memory_mib << 20, pages, true)?;
+    let (rss_before, pss_before) = rollup_kib()?;
+    let mut live = Vec::new();
+    for _ in 0..clones {
+        live.push(bench::restore_clone(&idle_paths, false)?);
+    }
+    // Let every clone reach its halt (it has at most a few instructions to run).
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let (rss_after, pss_after) = rollup_kib()?;
+    let mut per_clone = Vec::new();
+    for clone in &live {
+        let (rss, private) = mapping_kib(clone.ram_host_addr)?;
+        per_clone.push(format!("{{\"guest_rss_kib\":{rss},\"guest_private_kib\":{private}}}"));
+    }
+    for clone in live {
+        clone.handle.stop();
+        clone.runner.join().map_err(|_| "a clone's VM thread panicked")?;
+    }
+    if !args.iter().any(|a| a == "--dir") {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    println!(
+        "{{\"mode\":\"snapshot\",\"runs\":{runs},\"memory_mib\":{memory_mib},\"touch_mib\":{touch_mib},\
+         \"snapshot\":{{\"ms\":{snapshot_ms:.2},\"state_bytes\":{},\"memory_written\":{},\"memory_scanned\":{},\"missing\":{}}},\
+         \"restore_first_byte_us\":[{}],\
+         \"idle_clones\":{{\"count\":{clones},\"process_rss_kib\":[{rss_before},{rss_after}],\"process_pss_kib\":[{pss_before},{pss_after}],\"per_clone\":[{}]}}}}",
+        info.state_bytes,
+        info.memory_written,
+        info.memory_scanned,
+        info.missing.len(),
+        samples.join(","),
+        per_clone.join(",")
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("first-exit") => first_exit(&args[1..]),
         Some("hold") => hold(&args[1..]),
-        _ => {
-            Err("usage: vm_bench first-exit [--runs N] [--memory-mib M] | hold [--memory-mib M] [--touch-mib T]".into())
-        }
+        Some("snapshot") => snapshot(&args[1..]),
+        _ => Err("usage: vm_bench first-exit [--runs N] [--memory-mib M] | hold [--memory-mib M] [--touch-mib T] \
+                  | snapshot [--runs N] [--memory-mib M] [--touch-mib T] [--clones C] [--dir DIR]"
+            .into()),
     }
 }

@@ -1,10 +1,13 @@
-//! Timing helpers for `bench/`: not used by the VMM itself.
+//! Timing helpers for `bench/`: not used by the VMM itself. Boot to first exit, and
+//! snapshot-restore to the first serial byte of a clone.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::bus::BusDevice;
-use crate::vm::{Error, VmBuilder, VmConfig};
+use crate::devices::console::SharedConsole;
+use crate::snapshot::{self, SnapshotPaths};
+use crate::vm::{Error, Vm, VmBuilder, VmConfig};
 use crate::VmExit;
 
 /// The port [`FIRST_EXIT_GUEST`] writes first; the write's exit is timestamped.
@@ -47,6 +50,111 @@ pub fn time_to_first_exit(image: Option<&[u8]>, memory_bytes: u64) -> Result<Dur
     }
 }
 
+/// A flat guest for snapshot benchmarks: writes one byte into each of `pages` pages from 2 MiB
+/// up, then prints `x` on COM1 forever (or, `idle`, once, then halts with interrupts off:
+/// `out dx, al; cli; 3: hlt; jmp 3b`, an idle clone after a restore):
+/// ```text
+///   mov edi, 0x200000        bf 00 00 20 00
+///   mov ecx, PAGES           b9 xx xx xx xx
+/// 1:mov byte [rdi], 1        c6 07 01
+///   add rdi, 0x1000          48 81 c7 00 10 00 00
+///   dec ecx                  ff c9
+///   jnz 1b                   75 f2
+/// 2:mov dx, 0x3f8            66 ba f8 03
+///   mov al, 'x'              b0 78
+///   out dx, al               ee
+///   jmp 2b                   eb f7
+/// ```
+/// Restored, its first instruction is within four of an `out` to the serial port, so the first
+/// console byte after a restore times the restore up to the guest's first instruction.
+pub fn serial_loop_guest(pages: u32, idle: bool) -> Vec<u8> {
+    let mut code = vec![0xbf, 0x00, 0x00, 0x20, 0x00, 0xb9];
+    code.extend_from_slice(&pages.to_le_bytes());
+    code.extend_from_slice(&[
+        0xc6, 0x07, 0x01, 0x48, 0x81, 0xc7, 0x00, 0x10, 0x00, 0x00, 0xff, 0xc9, 0x75, 0xf2, 0x66, 0xba, 0xf8, 0x03,
+        0xb0, 0x78, 0xee,
+    ]);
+    if idle {
+        code.extend_from_slice(&[0xfa, 0xf4, 0xeb, 0xfd]);
+    } else {
+        code.extend_from_slice(&[0xeb, 0xf7]);
+    }
+    code
+}
+
+/// Spins (yielding) until `console` has more than `seen` bytes or `deadline` passes.
+fn wait_console(console: &SharedConsole, seen: u64, deadline: Instant) -> Result<(), Error> {
+    loop {
+        if console.lock().unwrap_or_else(|p| p.into_inner()).total_bytes() > seen {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Config("the benchmark guest printed nothing"));
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Boots [`serial_loop_guest`] (`memory_bytes` of RAM, `touch_pages` pages touched), waits
+/// for its first serial byte, and snapshots it into `paths` (the VM is stopped afterwards).
+pub fn snapshot_serial_loop(
+    paths: &SnapshotPaths,
+    memory_bytes: u64,
+    touch_pages: u32,
+    idle: bool,
+) -> Result<snapshot::SnapshotInfo, snapshot::Error> {
+    let mut builder = VmBuilder::new(VmConfig { memory_bytes, ..VmConfig::default() })?;
+    builder.load_flat(&serial_loop_guest(touch_pages, idle))?;
+    let vm = builder.build()?;
+    let snapshotter = vm.snapshotter()?;
+    let (handle, console) = (vm.handle(), vm.console());
+    let runner = std::thread::spawn(move || vm.run());
+    let waited = wait_console(&console, 0, Instant::now() + Duration::from_secs(120));
+    let result = waited.map_err(snapshot::Error::from).and_then(|()| {
+        handle.pause()?;
+        snapshotter.snapshot(paths)
+    });
+    handle.stop();
+    let _ = runner.join();
+    result
+}
+
+/// A VM restored from `paths` and running, and how long it took from the start of the restore
+/// to its first serial byte.
+pub struct RestoredClone {
+    /// The clone.
+    pub handle: crate::VmHandle,
+    /// Its vCPU threads' runner.
+    pub runner: std::thread::JoinHandle<VmExit>,
+    /// Host address of its first RAM region (to find its mapping in /proc/self/smaps).
+    pub ram_host_addr: u64,
+    /// Start of `snapshot::restore` to the first console byte.
+    pub first_byte: Duration,
+}
+
+/// Restores a clone of a (non-idle) [`snapshot_serial_loop`] snapshot and times it to its
+/// first serial byte: reading and checking the state file, a fresh KVM VM with the saved irqchip, PIT and
+/// clock, the private mapping of the memory file, devices, vCPUs with their state, the vCPU
+/// thread and its seccomp filter, and the guest's first instructions up to its `out`.
+pub fn restore_to_first_byte(paths: &SnapshotPaths) -> Result<RestoredClone, snapshot::Error> {
+    restore_clone(paths, true)
+}
+
+/// Restores and runs a clone; with `wait_byte`, waits for its first serial byte (else
+/// `first_byte` is the restore's time up to `run`).
+pub fn restore_clone(paths: &SnapshotPaths, wait_byte: bool) -> Result<RestoredClone, snapshot::Error> {
+    let start = Instant::now();
+    let vm: Vm = snapshot::restore(paths, VmConfig::default())?;
+    let (handle, console) = (vm.handle(), vm.console());
+    let ram_host_addr = vm.ram().regions().first().map(|r| r.2).unwrap_or(0);
+    let runner = std::thread::spawn(move || vm.run());
+    if wait_byte {
+        wait_console(&console, 0, start + Duration::from_secs(60))?;
+    }
+    let first_byte = start.elapsed();
+    Ok(RestoredClone { handle, runner, ram_host_addr, first_byte })
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -54,5 +162,17 @@ mod tests {
         assert!(std::path::Path::new("/dev/kvm").exists(), "/dev/kvm is expected on these hosts");
         let elapsed = super::time_to_first_exit(None, 4 << 20).unwrap();
         assert!(elapsed > std::time::Duration::ZERO);
+    }
+
+    #[test]
+    fn a_restore_to_the_first_serial_byte_is_measured() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = super::SnapshotPaths::in_dir(dir.path());
+        let info = super::snapshot_serial_loop(&paths, 8 << 20, 16, false).unwrap();
+        assert!(info.memory_written >= 16 * 4096, "the touched pages are in the memory file");
+        let clone = super::restore_to_first_byte(&paths).unwrap();
+        assert!(clone.first_byte > std::time::Duration::ZERO);
+        clone.handle.stop();
+        assert_eq!(clone.runner.join().unwrap(), crate::VmExit::Stopped);
     }
 }

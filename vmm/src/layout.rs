@@ -9,7 +9,8 @@
 //! 0x0009_fc00  MP table (PVH boot), in the reserved range up to 1 MiB
 //! 0x0010_0000  kernel / test guest image (1 MiB, where Linux and PVH expect it)
 //! ...          RAM up to MMIO_GAP_START (or the end of RAM)
-//! 0xc000_0000  32-bit MMIO gap: virtio-mmio devices from 0xd000_0000, 0x1000 apart
+//! 0xc000_0000  32-bit MMIO gap: the clone-identity device at 0xcfff_f000, virtio-mmio
+//!              devices from 0xd000_0000, 0x1000 apart
 //! 0xfec0_0000  IOAPIC   0xfee0_0000 local APIC  (in-kernel irqchip)
 //! 0xfffb_c000  KVM's TSS (3 pages) and identity-map page, inside the gap
 //! 0x1_0000_0000  RAM above 4 GiB, if any
@@ -42,6 +43,8 @@ pub const KERNEL_START: u64 = 0x10_0000;
 pub const MMIO_GAP_START: u64 = 0xc000_0000;
 /// End of the 32-bit MMIO gap.
 pub const MMIO_GAP_END: u64 = 0x1_0000_0000;
+/// The clone-identity device ([`crate::devices::clone_id`]), just below the virtio slots.
+pub const CLONE_ID_START: u64 = 0xcfff_f000;
 /// First virtio-mmio device slot.
 pub const VIRTIO_MMIO_START: u64 = 0xd000_0000;
 /// Size of one virtio-mmio device window.
@@ -68,6 +71,7 @@ const _: () = {
     assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= KERNEL_START);
     assert!(KVM_IDENTITY_MAP_ADDRESS + 0x1000 == KVM_TSS_ADDRESS);
     assert!(VIRTIO_MMIO_START >= MMIO_GAP_START && IOAPIC_START > VIRTIO_MMIO_START);
+    assert!(CLONE_ID_START >= MMIO_GAP_START && CLONE_ID_START + 0x1000 <= VIRTIO_MMIO_START);
 };
 
 /// The RAM regions, `(guest address, size)`, for `size` bytes of guest memory: below the

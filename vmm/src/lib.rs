@@ -16,6 +16,8 @@
 //! * [`devices`]: serial console, i8042 reset, debug exit, virtio-mmio transport and devices.
 //! * [`bench`](mod@bench): timing helpers for the benchmarks in `bench/`.
 //! * [`initramfs`]: the newc cpio writer and the agent's initramfs (`/init`).
+//! * [`snapshot`]: pause and save a VM (vCPUs, irqchip, devices, memory file), restore clones
+//!   of it copy-on-write, each with a fresh seed and clock.
 pub mod bench;
 pub mod boot;
 pub mod bus;
@@ -26,6 +28,7 @@ pub mod kvm;
 pub mod layout;
 pub mod memory;
 pub mod pause;
+pub mod snapshot;
 pub mod vcpu;
 pub mod vm;
 

@@ -6,6 +6,15 @@
 //! the fd can truncate guest RAM under a mapping and turn guest accesses into SIGBUS in the VMM.
 //! The map is split around the 32-bit MMIO gap ([`layout::ram_regions`]); each region maps the
 //! memfd at the matching file offset.
+//!
+//! A VM restored from a snapshot instead maps the snapshot's memory file **privately**
+//! ([`GuestRam::from_snapshot`], `MAP_PRIVATE`): guest reads are served from the file's page
+//! cache, shared by every clone of the snapshot, and the first guest write to a page gives that
+//! clone its own copy. Such RAM has no fd to share ([`GuestRam::fd`] is `None`): a vhost-user
+//! back-end mapping the file would see the snapshot's pages, not the clone's copies, so an
+//! engine with vhost-user devices (the QEMU TCG engine) cannot use a private restore; it would
+//! need the memory file copied into a fresh memfd (no sharing) or a lazily filled shared memfd
+//! (userfaultfd), which this module does not do.
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -42,13 +51,40 @@ pub enum Error {
     /// Mapping the memfd failed.
     #[error("mapping guest memory: {0}")]
     Map(#[source] vm_memory::mmap::FromRangesError),
+    /// A snapshot's memory file is not the size of the RAM it is to back.
+    #[error("the memory file holds {file:#x} bytes, the snapshot's RAM is {ram:#x}")]
+    FileSize {
+        /// The file's size.
+        file: u64,
+        /// The RAM size.
+        ram: u64,
+    },
+    /// Reading the memory file's size failed.
+    #[error("reading the memory file's size: {0}")]
+    Stat(#[source] std::io::Error),
+    /// Mapping the memory file privately failed.
+    #[error("mapping the memory file privately: {0}")]
+    MapPrivate(#[source] vm_memory::mmap::MmapRegionError),
+    /// The mapped regions did not form a guest memory map.
+    #[error("assembling the guest memory map: {0}")]
+    Regions(#[source] vm_memory::GuestRegionCollectionError),
 }
 
-/// Guest RAM and the memfd behind it.
+/// What guest RAM is backed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backing {
+    /// A sealed memfd, mapped shared (a booted VM).
+    Memfd,
+    /// A snapshot's memory file, mapped privately (copy-on-write; a restored VM).
+    PrivateFile,
+}
+
+/// Guest RAM and the file behind it.
 pub struct GuestRam {
     file: File,
     size: u64,
     memory: GuestMemoryMmap,
+    backing: Backing,
 }
 
 impl GuestRam {
@@ -75,7 +111,38 @@ impl GuestRam {
             offset += len;
         }
         let memory = GuestMemoryMmap::from_ranges_with_files(ranges).map_err(Error::Map)?;
-        Ok(GuestRam { file, size, memory })
+        Ok(GuestRam { file, size, memory, backing: Backing::Memfd })
+    }
+
+    /// Maps a snapshot's memory `file` (laid out as the memfd is: the regions of
+    /// [`layout::ram_regions`] back to back) privately as `size` bytes of guest RAM.
+    pub fn from_snapshot(file: File, size: u64) -> Result<Self, Error> {
+        use vm_memory::mmap::MmapRegionBuilder;
+        use vm_memory::GuestRegionMmap;
+        if size == 0 || !size.is_multiple_of(4096) {
+            return Err(Error::BadSize(size));
+        }
+        let file_len = file.metadata().map_err(Error::Stat)?.len();
+        if file_len != size {
+            return Err(Error::FileSize { file: file_len, ram: size });
+        }
+        let mut regions = Vec::new();
+        let mut offset = 0u64;
+        for (start, len) in layout::ram_regions(size) {
+            let region_file = file.try_clone().map_err(Error::Dup)?;
+            let mapping = MmapRegionBuilder::new_with_bitmap(len as usize, ())
+                .with_file_offset(FileOffset::new(region_file, offset))
+                .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+                .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+                .build()
+                .map_err(Error::MapPrivate)?;
+            // `new` refuses only a region whose end overflows the address space.
+            let region = GuestRegionMmap::new(mapping, GuestAddress(start)).ok_or(Error::BadSize(size))?;
+            regions.push(region);
+            offset += len;
+        }
+        let memory = GuestMemoryMmap::from_regions(regions).map_err(Error::Regions)?;
+        Ok(GuestRam { file, size, memory, backing: Backing::PrivateFile })
     }
 
     /// The guest memory map, for loaders and device models.
@@ -85,8 +152,20 @@ impl GuestRam {
 
     /// The memfd, for sharing with a vhost-user front-end. Region `i` of
     /// [`layout::ram_regions`] starts at the sum of the sizes of the regions before it.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
+    /// `None` for RAM restored privately from a snapshot (see the module docs).
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        (self.backing == Backing::Memfd).then(|| self.file.as_fd())
+    }
+
+    /// What the RAM is backed by.
+    pub fn backing(&self) -> Backing {
+        self.backing
+    }
+
+    /// The backing file (memfd or snapshot file), for writing a snapshot: in it, the data of
+    /// a memfd-backed RAM is exactly the pages the guest touched (`SEEK_DATA`).
+    pub(crate) fn backing_file(&self) -> &File {
+        &self.file
     }
 
     /// Total RAM in bytes.
@@ -111,7 +190,7 @@ mod tests {
         let ram = GuestRam::new(2 << 20).unwrap();
         ram.memory().write_obj(0xdead_beefu32, GuestAddress(0x1000)).unwrap();
         let mut buf = [0u8; 4];
-        let file = File::from(ram.fd().try_clone_to_owned().unwrap());
+        let file = File::from(ram.fd().unwrap().try_clone_to_owned().unwrap());
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, 0x1000).unwrap();
         assert_eq!(u32::from_le_bytes(buf), 0xdead_beef);
     }
@@ -119,7 +198,7 @@ mod tests {
     #[test]
     fn the_memfd_cannot_be_shrunk_or_grown() {
         let ram = GuestRam::new(1 << 20).unwrap();
-        let file = File::from(ram.fd().try_clone_to_owned().unwrap());
+        let file = File::from(ram.fd().unwrap().try_clone_to_owned().unwrap());
         assert!(file.set_len(4096).is_err());
         assert!(file.set_len(4 << 20).is_err());
         assert_eq!(file.metadata().unwrap().len(), 1 << 20);
@@ -129,6 +208,22 @@ mod tests {
     fn bad_sizes_are_refused() {
         assert!(matches!(GuestRam::new(0), Err(Error::BadSize(0))));
         assert!(matches!(GuestRam::new(4097), Err(Error::BadSize(4097))));
+    }
+
+    #[test]
+    fn a_snapshot_file_is_mapped_copy_on_write() {
+        let mut file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut file, &vec![7u8; 1 << 20]).unwrap();
+        let ram = GuestRam::from_snapshot(file.try_clone().unwrap(), 1 << 20).unwrap();
+        assert!(ram.fd().is_none(), "private RAM has no fd to share");
+        assert_eq!(ram.backing(), Backing::PrivateFile);
+        assert_eq!(ram.memory().read_obj::<u8>(GuestAddress(0x1234)).unwrap(), 7);
+        ram.memory().write_obj(9u8, GuestAddress(0x1234)).unwrap();
+        assert_eq!(ram.memory().read_obj::<u8>(GuestAddress(0x1234)).unwrap(), 9);
+        let mut buf = [0u8; 1];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, 0x1234).unwrap();
+        assert_eq!(buf, [7], "the guest's write did not reach the file");
+        assert!(matches!(GuestRam::from_snapshot(file, 2 << 20), Err(Error::FileSize { .. })));
     }
 
     #[test]

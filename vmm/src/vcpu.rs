@@ -109,6 +109,14 @@ impl VcpuThread {
         }
         RUN_AREA.with(|a| a.set(self.vcpu.run_area()));
         while !self.exit.is_set() {
+            if self.pause.is_requested() {
+                // Finish the last exit's instruction inside KVM before parking, so that state
+                // read while parked (a snapshot) has no half-done port or MMIO read in it.
+                if let Err(e) = self.vcpu.complete_pending_io() {
+                    self.fail(format!("vCPU {}: completing I/O before a pause: {e}", self.vcpu.id()));
+                    break;
+                }
+            }
             self.pause.park();
             if self.exit.is_set() {
                 break;

@@ -6,6 +6,8 @@
 
 use std::io;
 
+use serde::{Deserialize, Serialize};
+use vm_superio::serial::SerialState;
 use vm_superio::{Serial as Uart, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -35,10 +37,77 @@ pub struct Serial {
     uart: Uart<IrqTrigger, vm_superio::serial::NoEvents, ConsoleWriter>,
 }
 
+/// The UART's registers and unread input, for snapshots (vm-superio's `SerialState`, which
+/// has no serde of its own).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UartState {
+    baud_divisor_low: u8,
+    baud_divisor_high: u8,
+    interrupt_enable: u8,
+    interrupt_identification: u8,
+    line_control: u8,
+    line_status: u8,
+    modem_control: u8,
+    modem_status: u8,
+    scratch: u8,
+    in_buffer: Vec<u8>,
+}
+
+impl From<SerialState> for UartState {
+    fn from(s: SerialState) -> Self {
+        UartState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+}
+
+impl From<&UartState> for SerialState {
+    fn from(s: &UartState) -> Self {
+        SerialState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer.clone(),
+        }
+    }
+}
+
 impl Serial {
     /// A UART writing to `console`, interrupting through `irq`.
     pub fn new(console: SharedConsole, irq: EventFd) -> Self {
         Serial { uart: Uart::new(IrqTrigger(irq), ConsoleWriter(console)) }
+    }
+
+    /// A UART resumed from a snapshot's `state`.
+    pub fn from_state(console: SharedConsole, irq: EventFd, state: &UartState) -> io::Result<Self> {
+        let uart = Uart::from_state(
+            &SerialState::from(state),
+            IrqTrigger(irq),
+            vm_superio::serial::NoEvents,
+            ConsoleWriter(console),
+        )
+        .map_err(|e| io::Error::other(format!("restoring the UART: {e:?}")))?;
+        Ok(Serial { uart })
+    }
+
+    /// The UART's state, for a snapshot.
+    pub fn state(&self) -> UartState {
+        self.uart.state().into()
     }
 
     /// Queues bytes for the guest to read (console input).

@@ -8,15 +8,17 @@
 //! * [`vcpu`]: register state, `KVM_RUN` and its exits.
 //! * [`cpuid`]: the CPUID table a vCPU gets (KVM's supported leaves, per-vCPU APIC ids).
 //! * [`msr`]: the boot MSRs, restricted to those KVM reports.
+//! * [`state`]: saving and restoring vCPU and VM state for snapshots.
 
 pub mod cpuid;
 mod error;
 pub mod msr;
+pub mod state;
 pub mod vcpu;
 pub mod vm;
 
 pub use error::Error;
-pub use vcpu::{Exit, Vcpu};
+pub use vcpu::{Exit, Vcpu, VcpuView};
 pub use vm::{IoEventAddress, Vm};
 
 use kvm_bindings::{CpuId, KVM_API_VERSION, KVM_MAX_CPUID_ENTRIES};

@@ -78,6 +78,11 @@ impl Vcpu {
         self.id
     }
 
+    /// The vCPU fd (for [`super::Vm::vcpu_view`]).
+    pub(super) fn raw_fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
     /// `KVM_SET_CPUID2`.
     pub fn set_cpuid(&self, cpuid: &CpuId) -> Result<(), Error> {
         self.fd.set_cpuid2(cpuid).map_err(ioctl("KVM_SET_CPUID2"))
@@ -166,6 +171,26 @@ impl Vcpu {
         self.fd.set_kvm_immediate_exit(0);
     }
 
+    /// Completes an I/O or MMIO exit the VMM has handled but KVM has not yet finished (a port
+    /// read's value is only in `kvm_run` until the next `KVM_RUN`): enters `KVM_RUN` with
+    /// `immediate_exit` set, which finishes the instruction and returns at once. Called before
+    /// a vCPU parks for a pause, so a snapshot taken while it is parked is consistent (the KVM
+    /// API's advice before saving state).
+    pub fn complete_pending_io(&mut self) -> Result<(), Error> {
+        self.fd.set_kvm_immediate_exit(1);
+        let result = self.fd.run().map(|_| ());
+        self.fd.set_kvm_immediate_exit(0);
+        match result {
+            Err(e) if e.errno() != libc::EINTR && e.errno() != libc::EAGAIN => Err(Error::Ioctl("KVM_RUN", e.into())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Puts a snapshot's state into this (freshly created) vCPU; returns the MSRs KVM refused.
+    pub fn restore_state(&self, state: &super::state::VcpuState) -> Result<Vec<u32>, Error> {
+        super::state::restore_vcpu(&self.fd, state)
+    }
+
     /// `KVM_RUN` until the next exit.
     pub fn run(&mut self) -> Result<Exit<'_>, Error> {
         // Taken before KVM_RUN borrows the vCPU for the exit's lifetime; read only for an
@@ -201,6 +226,26 @@ impl Vcpu {
             VcpuExit::IoapicEoi(_) => Exit::Other("ioapic eoi"),
             _ => Exit::Other("unsupported"),
         })
+    }
+}
+
+/// A second fd of a vCPU, for reading its state from another thread while the vCPU's own
+/// thread is parked (see [`super::state`]).
+pub struct VcpuView {
+    fd: VcpuFd,
+    id: u8,
+    msrs: Vec<u32>,
+}
+
+impl VcpuView {
+    pub(super) fn new(fd: VcpuFd, id: u8, msrs: Vec<u32>) -> Self {
+        VcpuView { fd, id, msrs }
+    }
+
+    /// Captures the vCPU's state. The vCPU must not be inside `KVM_RUN` (parked, or not yet
+    /// started); KVM would otherwise block this call until it leaves.
+    pub fn save_state(&self) -> Result<super::state::VcpuState, Error> {
+        super::state::save_vcpu(&self.fd, self.id, &self.msrs)
     }
 }
 

@@ -4,6 +4,8 @@ use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_PIT_S
 use kvm_ioctls::{NoDatamatch, VmFd};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::state::{self, VcpuState, VmState};
+use super::vcpu::VcpuView;
 use super::{Error, Vcpu};
 use crate::layout;
 
@@ -92,6 +94,45 @@ impl Vm {
         let vcpu = Vcpu::new(fd, id);
         vcpu.set_cpuid(&super::cpuid::for_vcpu(&self.cpuid, id, count)?)?;
         Ok(vcpu)
+    }
+
+    /// Creates vCPU `id` with a snapshot's `state` (its own CPUID table included); returns it
+    /// and the MSRs KVM refused to set.
+    pub fn restore_vcpu(&self, state: &VcpuState) -> Result<(Vcpu, Vec<u32>), Error> {
+        let fd = self.fd.create_vcpu(u64::from(state.id)).map_err(ioctl("KVM_CREATE_VCPU"))?;
+        let vcpu = Vcpu::new(fd, state.id);
+        let refused = vcpu.restore_state(state)?;
+        Ok((vcpu, refused))
+    }
+
+    /// A second fd of `vcpu` for reading its state from another thread.
+    pub fn vcpu_view(&self, vcpu: &Vcpu) -> Result<VcpuView, Error> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup of an fd this process owns (the vCPU's, alive for the call); the result
+        // is checked before use.
+        let raw = unsafe { libc::dup(vcpu.raw_fd().as_raw_fd()) };
+        if raw < 0 {
+            return Err(Error::Ioctl("dup of a vCPU fd", std::io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a fresh fd of a vCPU of this VM, owned by nothing else; the VcpuFd
+        // built from it takes ownership (closes it and unmaps its kvm_run on drop).
+        let fd = unsafe { self.fd.create_vcpu_from_rawfd(raw) }.map_err(ioctl("mmap of a vCPU's kvm_run"))?;
+        Ok(VcpuView::new(fd, vcpu.id(), self.msrs.clone()))
+    }
+
+    /// Captures the irqchip, PIT and clock (every vCPU parked).
+    pub fn save_state(&self) -> Result<VmState, Error> {
+        state::save_vm(&self.fd)
+    }
+
+    /// Puts a snapshot's irqchip, PIT and clock into this fresh VM.
+    pub fn restore_state(&self, state: &VmState) -> Result<(), Error> {
+        state::restore_vm(&self.fd, state)
+    }
+
+    /// `KVM_GET_CLOCK`: kvmclock now (`None` where KVM refuses it).
+    pub fn clock(&self) -> Option<kvm_bindings::kvm_clock_data> {
+        self.fd.get_clock().ok()
     }
 
     /// The MSRs KVM reports (`KVM_GET_MSR_INDEX_LIST`).

@@ -10,7 +10,10 @@ use vmm_sys_util::eventfd::EventFd;
 use super::{Error, IoEventFd, VirtioMmioSlot, Vm, VmConfig};
 use crate::boot::{self, pvh::PvhBoot, EntryState};
 use crate::bus::{Bus, SharedDevice};
+use crate::devices::clone_id::{self, CloneId};
 use crate::devices::console::{ConsoleLog, SharedConsole};
+use crate::devices::serial::UartState;
+use crate::devices::virtio::mmio::{regs, MmioTransport, SharedTransport};
 use crate::devices::{debug_exit, i8042, serial};
 use crate::exit::ExitLatch;
 use crate::kvm::{self, Hypervisor, IoEventAddress};
@@ -34,17 +37,44 @@ pub struct VmBuilder {
     next_mmio: u64,
     /// eventfds KVM holds references to; kept open for the VM's life.
     eventfds: Vec<EventFd>,
+    serial: Arc<Mutex<serial::Serial>>,
+    clone_id: Arc<Mutex<CloneId>>,
+    /// Why this VM cannot be snapshotted (a device added whose state the VMM cannot save).
+    unsnapshottable: Option<&'static str>,
+    /// Virtio transports a snapshot saves, in placement order.
+    transports: Vec<(VirtioMmioSlot, SharedTransport)>,
+    /// The vCPU states of a restore (instead of a loaded guest's entry state).
+    restored: Option<Vec<crate::kvm::state::VcpuState>>,
+}
+
+/// Where the standard devices of a VM start from: power-on, or a snapshot.
+pub(crate) struct DeviceStart<'a> {
+    /// The UART's saved registers.
+    pub serial: Option<&'a UartState>,
+    /// The clone-identity generation.
+    pub generation: u64,
 }
 
 impl VmBuilder {
     /// Opens KVM and sets up the VM, its memory and the standard devices.
-    pub fn new(mut config: VmConfig) -> Result<Self, Error> {
+    pub fn new(config: VmConfig) -> Result<Self, Error> {
         if config.vcpus == 0 || config.vcpus == 255 {
             return Err(Error::Config("vcpus must be 1..=254"));
         }
         let kvm = Hypervisor::open()?;
-        let mut vm = kvm.create_vm()?;
+        let vm = kvm.create_vm()?;
         let ram = GuestRam::new(config.memory_bytes)?;
+        Self::assemble(config, kvm, vm, ram, DeviceStart { serial: None, generation: 0 })
+    }
+
+    /// Maps `ram` into `vm` and puts the standard devices on the buses, from `start`.
+    pub(crate) fn assemble(
+        mut config: VmConfig,
+        kvm: Hypervisor,
+        mut vm: kvm::Vm,
+        ram: GuestRam,
+        start: DeviceStart<'_>,
+    ) -> Result<Self, Error> {
         for (guest, size, host) in ram.regions() {
             // SAFETY: the mapping belongs to `ram`, which the Vm keeps (and drops after the VM
             // fd and every vCPU), and is never remapped.
@@ -57,6 +87,16 @@ impl VmBuilder {
         }
         let console = console.shared();
         let exit = Arc::new(ExitLatch::new());
+
+        let serial_irq = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(Error::EventFd)?;
+        vm.register_irqfd(&serial_irq, serial::COM1_GSI)?;
+        let irq = serial_irq.try_clone().map_err(Error::EventFd)?;
+        let serial = match start.serial {
+            None => serial::Serial::new(console.clone(), irq),
+            Some(state) => serial::Serial::from_state(console.clone(), irq, state).map_err(Error::SerialState)?,
+        };
+        let serial = Arc::new(Mutex::new(serial));
+        let clone_id = Arc::new(Mutex::new(CloneId::new(start.generation)?));
 
         let mut builder = VmBuilder {
             _kvm: kvm,
@@ -71,14 +111,15 @@ impl VmBuilder {
             virtio: Vec::new(),
             next_gsi: layout::GSI_DEVICES_START,
             next_mmio: layout::VIRTIO_MMIO_START,
-            eventfds: Vec::new(),
+            eventfds: vec![serial_irq],
+            serial: serial.clone(),
+            clone_id: clone_id.clone(),
+            unsnapshottable: None,
+            transports: Vec::new(),
+            restored: None,
         };
-
-        let serial_irq = builder.new_eventfd()?;
-        builder.vm.register_irqfd(&serial_irq, serial::COM1_GSI)?;
-        let serial = serial::Serial::new(builder.console.clone(), serial_irq.try_clone().map_err(Error::EventFd)?);
-        builder.eventfds.push(serial_irq);
-        builder.pio.insert(serial::COM1_PORT, serial::COM1_LEN, Arc::new(Mutex::new(serial)))?;
+        builder.pio.insert(serial::COM1_PORT, serial::COM1_LEN, serial)?;
+        builder.mmio.insert(layout::CLONE_ID_START, clone_id::WINDOW_LEN, clone_id)?;
         let i8042 = i8042::I8042::new(builder.exit.clone());
         builder.pio.insert(
             i8042::DATA_PORT,
@@ -92,8 +133,9 @@ impl VmBuilder {
         Ok(builder)
     }
 
-    fn new_eventfd(&self) -> Result<EventFd, Error> {
-        EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(Error::EventFd)
+    /// Has `build` create the vCPUs from a snapshot's states instead of a loaded guest.
+    pub(crate) fn set_restored_vcpus(&mut self, vcpus: Vec<crate::kvm::state::VcpuState>) {
+        self.restored = Some(vcpus);
     }
 
     /// Guest memory, for loaders and devices.
@@ -116,13 +158,17 @@ impl VmBuilder {
         self.exit.clone()
     }
 
-    /// Puts a device on the port I/O bus.
+    /// Puts a device on the port I/O bus. Its state is the caller's: the VM can no longer be
+    /// snapshotted.
     pub fn add_pio_device(&mut self, port: u16, len: u16, device: SharedDevice) -> Result<(), Error> {
+        self.unsnapshottable = Some("a device added with add_pio_device");
         Ok(self.pio.insert(u64::from(port), u64::from(len), device)?)
     }
 
-    /// Puts a device on the MMIO bus.
+    /// Puts a device on the MMIO bus. Its state is the caller's: the VM can no longer be
+    /// snapshotted.
     pub fn add_mmio_device(&mut self, addr: u64, len: u64, device: SharedDevice) -> Result<(), Error> {
+        self.unsnapshottable = Some("a device added with add_mmio_device");
         Ok(self.mmio.insert(addr, len, device)?)
     }
 
@@ -149,7 +195,45 @@ impl VmBuilder {
     /// registers its queue-notify `ioeventfds` (addresses relative to the window, e.g. 0x50)
     /// and its interrupt eventfd as an irqfd, and returns where it went (see
     /// [`VirtioMmioSlot::cmdline`] and [`VmBuilder::virtio_cmdline`]).
+    ///
+    /// The device is opaque here, so the VM can no longer be snapshotted; a transport added with
+    /// [`add_virtio_transport`](Self::add_virtio_transport) can be.
     pub fn add_virtio_mmio_device(
+        &mut self,
+        device: SharedDevice,
+        ioeventfds: Vec<IoEventFd>,
+        irq: &EventFd,
+    ) -> Result<VirtioMmioSlot, Error> {
+        self.unsnapshottable = Some("a virtio-mmio device added as an opaque bus device");
+        self.place_virtio(device, ioeventfds, irq)
+    }
+
+    /// Places a virtio-mmio `transport` as [`add_virtio_mmio_device`](Self::add_virtio_mmio_device)
+    /// does (its queue eventfds as ioeventfds on QueueNotify, its interrupt as the irqfd) and
+    /// keeps it for snapshots. Add it to the device thread's event loop before. Returns where it
+    /// went and the shared transport.
+    pub fn add_virtio_transport(
+        &mut self,
+        transport: MmioTransport,
+    ) -> Result<(VirtioMmioSlot, SharedTransport), Error> {
+        let ioeventfds = transport
+            .queue_evts()
+            .iter()
+            .enumerate()
+            .map(|(i, evt)| {
+                let fd = evt.try_clone().map_err(Error::EventFd)?;
+                Ok(IoEventFd { addr: regs::QUEUE_NOTIFY, datamatch: Some(i as u32), fd })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let irq = transport.interrupt().irq_fd().try_clone().map_err(Error::EventFd)?;
+        let transport = Arc::new(Mutex::new(transport));
+        let slot = self.place_virtio(transport.clone(), ioeventfds, &irq)?;
+        self.eventfds.push(irq);
+        self.transports.push((slot, transport.clone()));
+        Ok((slot, transport))
+    }
+
+    fn place_virtio(
         &mut self,
         device: SharedDevice,
         ioeventfds: Vec<IoEventFd>,
@@ -205,20 +289,29 @@ impl VmBuilder {
 
     /// Creates and configures the vCPUs; the VM is ready to [`run`](Vm::run).
     pub fn build(self) -> Result<Vm, Error> {
-        let entry = self.entry.ok_or(Error::NoGuest)?;
         vcpu::install_kick_handler().map_err(Error::KickHandler)?;
         let filter = if self.config.vcpu_seccomp { Some(Arc::new(pvisor_seccomp::vcpu_filter()?)) } else { None };
-        let msrs = kvm::msr::boot_msrs(self.vm.supported_msrs());
         let mut vcpus = Vec::with_capacity(usize::from(self.config.vcpus));
-        for id in 0..self.config.vcpus {
-            let vcpu = self.vm.create_vcpu(id, self.config.vcpus)?;
-            vcpu.set_msrs(&msrs)?;
-            vcpu.set_fpu_defaults()?;
-            vcpu.set_lint()?;
-            if id == 0 {
-                entry.apply(&vcpu)?;
+        let mut refused_msrs = Vec::new();
+        if let Some(states) = &self.restored {
+            for state in states {
+                let (vcpu, refused) = self.vm.restore_vcpu(state)?;
+                refused_msrs.extend(refused);
+                vcpus.push(vcpu);
             }
-            vcpus.push(vcpu);
+        } else {
+            let entry = self.entry.ok_or(Error::NoGuest)?;
+            let msrs = kvm::msr::boot_msrs(self.vm.supported_msrs());
+            for id in 0..self.config.vcpus {
+                let vcpu = self.vm.create_vcpu(id, self.config.vcpus)?;
+                vcpu.set_msrs(&msrs)?;
+                vcpu.set_fpu_defaults()?;
+                vcpu.set_lint()?;
+                if id == 0 {
+                    entry.apply(&vcpu)?;
+                }
+                vcpus.push(vcpu);
+            }
         }
         Ok(Vm {
             vcpus,
@@ -230,7 +323,13 @@ impl VmBuilder {
             threads: Arc::new(Mutex::new(Vec::new())),
             pause: Arc::default(),
             _eventfds: self.eventfds,
-            _vm: self.vm,
+            serial: self.serial,
+            clone_id: self.clone_id,
+            unsnapshottable: self.unsnapshottable,
+            transports: self.transports,
+            debug_exit: self.config.debug_exit,
+            refused_msrs,
+            vm: Arc::new(self.vm),
             ram: self.ram,
             _kvm: self._kvm,
         })

@@ -53,6 +53,12 @@ pub enum Error {
     /// No guest was loaded before `build`.
     #[error("no guest loaded (call load_flat or load_pvh before build)")]
     NoGuest,
+    /// The clone-identity device got no randomness.
+    #[error(transparent)]
+    CloneId(#[from] crate::devices::clone_id::Error),
+    /// A snapshot's UART state was refused.
+    #[error("restoring the serial port: {0}")]
+    SerialState(#[source] std::io::Error),
     /// The device GSIs are used up.
     #[error("no interrupt line left for another device")]
     NoGsi,

@@ -10,7 +10,9 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::bus::Bus;
+use crate::devices::clone_id::CloneId;
 use crate::devices::console::SharedConsole;
+use crate::devices::serial::Serial;
 use crate::exit::{ExitLatch, VmExit};
 use crate::kvm::{self, Hypervisor};
 use crate::memory::GuestRam;
@@ -19,18 +21,29 @@ use crate::vcpu::{self, VcpuThread};
 
 /// A built VM. Fields drop in order: vCPUs, then the VM, then guest RAM.
 pub struct Vm {
-    pub(super) vcpus: Vec<kvm::Vcpu>,
+    pub(crate) vcpus: Vec<kvm::Vcpu>,
     pub(super) pio: Arc<Bus>,
     pub(super) mmio: Arc<Bus>,
     pub(super) console: SharedConsole,
     pub(super) exit: Arc<ExitLatch>,
     pub(super) filter: Option<Arc<BpfProgram>>,
     pub(super) threads: Arc<Mutex<Vec<libc::pthread_t>>>,
-    pub(super) pause: Arc<PauseGate>,
+    pub(crate) pause: Arc<PauseGate>,
     /// eventfds KVM holds references to (serial irqfd, ioeventfds); open for the VM's life.
     pub(super) _eventfds: Vec<EventFd>,
-    pub(super) _vm: kvm::Vm,
-    pub(super) ram: GuestRam,
+    /// The standard devices with state a snapshot saves.
+    pub(crate) serial: Arc<Mutex<Serial>>,
+    pub(crate) clone_id: Arc<Mutex<CloneId>>,
+    /// Why the VM cannot be snapshotted, if it cannot.
+    pub(crate) unsnapshottable: Option<&'static str>,
+    /// Virtio transports a snapshot saves, in placement order.
+    pub(crate) transports: Vec<(super::VirtioMmioSlot, crate::devices::virtio::mmio::SharedTransport)>,
+    pub(crate) debug_exit: bool,
+    /// MSRs of a restore that KVM refused to set.
+    pub(crate) refused_msrs: Vec<u32>,
+    /// Shared with a [`Snapshotter`](crate::snapshot::Snapshotter), which may outlive `run`.
+    pub(crate) vm: Arc<kvm::Vm>,
+    pub(crate) ram: GuestRam,
     pub(super) _kvm: Hypervisor,
 }
 
@@ -92,6 +105,27 @@ impl Vm {
     /// Guest memory (clone it for a device thread: the regions are shared, not copied).
     pub fn memory(&self) -> &GuestMemoryMmap {
         self.ram.memory()
+    }
+
+    /// Guest RAM (its backing: a memfd, or a snapshot's file mapped privately).
+    pub fn ram(&self) -> &GuestRam {
+        &self.ram
+    }
+
+    /// The clone-identity generation and seed the guest sees.
+    pub fn clone_identity(&self) -> (u64, [u8; 32]) {
+        let id = self.clone_id.lock().unwrap_or_else(|p| p.into_inner());
+        (id.generation(), id.seed())
+    }
+
+    /// MSRs of the snapshot that KVM refused to set on restore (empty for a booted VM).
+    pub fn refused_msrs(&self) -> &[u32] {
+        &self.refused_msrs
+    }
+
+    /// `KVM_GET_CLOCK` of the VM (kvmclock in ns), where KVM gives it.
+    pub fn kvm_clock(&self) -> Option<u64> {
+        self.vm.clock().map(|c| c.clock)
     }
 
     /// Runs the guest until it ends; everything the VM held is released on return.

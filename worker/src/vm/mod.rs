@@ -8,6 +8,8 @@
 //! * [`kvm`]: the project's own VMM on KVM (the product path).
 //! * [`qemu`]: the QEMU TCG test engine, serving the same device models
 //!   over vhost-user.
+//! * [`template`]: the own-VMM engine's template store (snapshot per kernel, initramfs,
+//!   image and shape; invalidation and gc), not wired into creates yet.
 pub mod cmdline;
 pub mod console;
 pub mod disks;
@@ -15,6 +17,7 @@ pub mod host;
 pub mod kvm;
 pub mod net;
 pub mod qemu;
+pub mod template;
 
 use crate::backend::{Backend, Sandbox, Started};
 use crate::config::{BackendConfig, Common, VmEngine, WorkerConfig};

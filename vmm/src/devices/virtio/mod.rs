@@ -119,6 +119,14 @@ pub trait VirtioDevice: Send {
     /// The driver reset the device: drop all in-flight state. Queues are
     /// reset by the transport.
     fn reset(&mut self) {}
+
+    /// Whether the device can be snapshotted through its transport alone: `Ok` if everything
+    /// it keeps besides its acked features is rebuilt by whoever creates it again (a block
+    /// device's backend, reopened), `Err(why not)` if it holds state a snapshot would lose
+    /// (vsock's host connections). See [`mmio::snapshot`].
+    fn snapshot_support(&self) -> Result<(), &'static str> {
+        Err("a virtio device without snapshot support")
+    }
 }
 
 /// Reads `data.len()` bytes at `offset` of a config space image; bytes past

@@ -37,6 +37,15 @@ impl Interrupt {
         self.status.fetch_and(!bits, Ordering::SeqCst);
     }
 
+    /// Puts back a snapshot's InterruptStatus; a pending interrupt is signalled again (the
+    /// driver reads the status, so a repeated interrupt is harmless).
+    pub fn restore(&self, bits: u32) {
+        self.status.store(bits, Ordering::SeqCst);
+        if bits != 0 {
+            let _ = self.irq.write(1);
+        }
+    }
+
     /// Clears every bit (device reset).
     pub fn clear(&self) {
         self.status.store(0, Ordering::SeqCst);

@@ -11,15 +11,22 @@
 //!
 //! The device model itself lives in a [`DeviceCell`] shared with the device
 //! thread ([`super::event_loop`]), which does all queue processing.
+//!
+//! [`snapshot`]: the transport's registers and queues saved for a VM snapshot and put back
+//! into a new transport.
 
 mod interrupt;
 pub mod regs;
+pub mod snapshot;
 mod state;
 mod transport;
 
 pub use interrupt::Interrupt;
 pub use state::DeviceCell;
 pub use transport::MmioTransport;
+
+/// A transport shared by the MMIO bus (vCPU threads) and whoever snapshots the VM.
+pub type SharedTransport = std::sync::Arc<std::sync::Mutex<MmioTransport>>;
 
 /// Size of the MMIO window of one device (registers and config space).
 pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
@@ -37,6 +44,10 @@ pub enum Error {
         #[source]
         source: virtio_queue::Error,
     },
+    #[error("the snapshot's transport does not fit this device: {0}")]
+    Mismatch(&'static str),
+    #[error("the device refuses to be snapshotted: {0}")]
+    Unsupported(&'static str),
 }
 
 #[cfg(test)]

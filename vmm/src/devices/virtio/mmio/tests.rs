@@ -51,6 +51,9 @@ impl VirtioDevice for Recorder {
     fn reset(&mut self) {
         self.0.lock().expect("log").resets += 1;
     }
+    fn snapshot_support(&self) -> Result<(), &'static str> {
+        Ok(())
+    }
 }
 
 fn rd(t: &mut MmioTransport, offset: u64) -> u32 {
@@ -230,4 +233,60 @@ fn notify_interrupt_and_ack_through_the_event_loop() {
     let exit = event_loop.exit_evt().expect("exit evt");
     exit.write(1).expect("exit");
     assert!(!event_loop.run_once(10_000).expect("run"));
+}
+
+#[test]
+fn a_saved_transport_restores_with_its_registers_queues_and_pending_interrupt() {
+    let (mut t, _, mem) = transport();
+    assert_eq!(negotiate(&mut t, 1 << VIRTIO_F_VERSION_1 | 1 << 40), OK);
+    let mut q0 = DriverQueue::new(&mem, 0x1_0000, 16);
+    setup_queue(&mut t, 0, &q0);
+    wr(&mut t, STATUS, OK | STATUS_DRIVER_OK);
+    q0.add_chain(&mem, &[Buf::w(0x8_0000, 8)]);
+    assert!(t.cell().lock().expect("cell").process_queue(0).contains(0));
+    assert_eq!(q0.take_used(&mem), vec![(0, 7)]);
+    t.interrupt().trigger(INT_USED_BUFFER);
+    wr(&mut t, QUEUE_SEL, 1);
+    let state = t.save_state().expect("saving the transport");
+    assert!(state.active);
+    assert_eq!(state.queues[0].next_used, 1);
+
+    // Through serde, as a snapshot file carries it.
+    let state: super::snapshot::TransportState =
+        serde_json::from_slice(&serde_json::to_vec(&state).expect("encode")).expect("decode");
+    let log = Arc::new(Mutex::new(Log::default()));
+    let mut r = MmioTransport::restore(Box::new(Recorder(log.clone())), GuestMemoryAtomic::new(mem.clone()), &state)
+        .expect("restoring the transport");
+    assert_eq!(log.lock().expect("log").acked, Some(1 << VIRTIO_F_VERSION_1 | 1 << 40), "features re-acked");
+    assert_eq!(rd(&mut r, STATUS), OK | STATUS_DRIVER_OK);
+    assert_eq!(rd(&mut r, INTERRUPT_STATUS), INT_USED_BUFFER);
+    assert_eq!(r.interrupt().irq_fd().read().expect("the pending interrupt is signalled again"), 1);
+    assert_eq!(rd(&mut r, QUEUE_NUM_MAX), 8, "QueueSel is still 1");
+    // The queue continues where it was: the next chain lands in used slot 1.
+    let mut event_loop = EventLoop::new().expect("event loop");
+    event_loop.add(&r).expect("add device");
+    q0.add_chain(&mem, &[Buf::w(0x8_0000, 8)]);
+    r.kick_queues();
+    assert!(event_loop.run_once(10_000).expect("run"));
+    assert_eq!(q0.take_used(&mem), vec![(1, 7)], "the second chain (descriptor 1) was used");
+    assert_eq!(r.cell().lock().expect("cell").queues[0].next_used(), 2);
+    assert_eq!(log.lock().expect("log").processed, vec![0, 1], "the kick reached both queues");
+}
+
+#[test]
+fn a_transport_state_is_refused_by_another_device() {
+    use super::snapshot::TransportState;
+    let (t, _, mem) = transport();
+    let state = t.save_state().expect("saving the transport");
+    let other = |state: &TransportState| {
+        MmioTransport::restore(Box::new(Recorder(Arc::default())), GuestMemoryAtomic::new(mem.clone()), state)
+    };
+    assert!(other(&state).is_ok());
+    for bad in [
+        TransportState { device_type: 7, ..state.clone() },
+        TransportState { offered: 1, ..state.clone() },
+        TransportState { queues: state.queues[..1].to_vec(), ..state.clone() },
+    ] {
+        assert!(matches!(other(&bad), Err(super::Error::Mismatch(_))), "{bad:?}");
+    }
 }

@@ -16,16 +16,16 @@ const MAX_QUEUES: usize = 64;
 
 /// A virtio device reachable through a virtio-mmio register window.
 pub struct MmioTransport {
-    cell: Arc<Mutex<DeviceCell>>,
-    interrupt: Arc<Interrupt>,
-    queue_evts: Vec<EventFd>,
-    device_type: u32,
-    offered: u64,
-    device_features_sel: u32,
-    driver_features_sel: u32,
-    acked: u64,
-    queue_sel: u32,
-    status: u32,
+    pub(super) cell: Arc<Mutex<DeviceCell>>,
+    pub(super) interrupt: Arc<Interrupt>,
+    pub(super) queue_evts: Vec<EventFd>,
+    pub(super) device_type: u32,
+    pub(super) offered: u64,
+    pub(super) device_features_sel: u32,
+    pub(super) driver_features_sel: u32,
+    pub(super) acked: u64,
+    pub(super) queue_sel: u32,
+    pub(super) status: u32,
 }
 
 impl MmioTransport {
@@ -77,7 +77,7 @@ impl MmioTransport {
         self.status
     }
 
-    fn lock(&self) -> MutexGuard<'_, DeviceCell> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, DeviceCell> {
         // A panic while holding the lock leaves plain data behind; the
         // device keeps answering rather than poisoning the vCPU thread.
         self.cell.lock().unwrap_or_else(PoisonError::into_inner)
