@@ -51,7 +51,7 @@ rc=0
 (cd "$REPO/tests/ts" && OPEN_SANDBOX_DOMAIN="127.0.0.1:$port" OPEN_SANDBOX_API_KEY=$PVISOR_API_KEY \
     node --test --test-reporter=spec --test-reporter-destination=stdout \
     --test-reporter=tap --test-reporter-destination="$work/tap" ./*.test.mjs) || rc=$?
-skipped=$(sed -n 's/^# skip //p' "$work/tap" | tail -n 1)
+skipped=$(sed -n 's/^# skipped //p' "$work/tap" | tail -n 1)
 if [ "${skipped:-0}" != 0 ]; then
     echo "WARNING: $skipped TypeScript SDK test(s) skipped:" >&2
     grep -E '# SKIP' "$work/tap" >&2 || true
