@@ -113,3 +113,42 @@ api_fuzz_env() {
     fi
     export PVISOR_SCHEMATHESIS=$venv/bin/schemathesis
 }
+
+# The TypeScript SDK suite's packages (tests/ts: the pinned official SDK), installed by `npm ci`
+# outside the repository and keyed by its package-lock.json. Exports PVISOR_TS_MODULES (its
+# node_modules; tests/ts/run.sh links it). The SDK needs Node.js 20 or later.
+ts_env() {
+    local lock=$REPO/tests/ts/package-lock.json
+    local key dir major
+    command -v node >/dev/null && command -v npm >/dev/null || install_missing nodejs npm
+    major=$(node -p 'process.versions.node.split(".")[0]')
+    ((major >= 20)) || { echo "node $(node --version) is too old for the TypeScript SDK (needs 20+)" >&2; exit 1; }
+    key=$(sha256sum "$lock" | cut -c1-16)
+    dir=$PVISOR_CACHE/npm-ts/$key
+    if [ ! -f "$dir/.done" ]; then
+        log "TypeScript SDK environment ($dir)"
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        cp "$REPO/tests/ts/package.json" "$lock" "$dir/"
+        (cd "$dir" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
+        touch "$dir/.done"
+    fi
+    export PVISOR_TS_MODULES=$dir/node_modules
+}
+
+# The real-client suite's venv (tests/clients: the official CLI `osb`, the OpenSandbox MCP
+# server and the `mcp` client, grpcio-reflection), apart from the SDK's; keyed by its
+# requirements. Exports PVISOR_CLIENTS_VENV.
+clients_env() {
+    local req=$REPO/tests/clients/requirements.txt venv=$PVISOR_CACHE/venv-clients
+    local key
+    key=$(sha256sum "$req" | cut -c1-16)
+    if [ ! -f "$venv/.key-$key" ]; then
+        log "client environment ($venv)"
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+        touch "$venv/.key-$key"
+    fi
+    export PVISOR_CLIENTS_VENV=$venv
+}

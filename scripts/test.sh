@@ -10,6 +10,8 @@ guest_kernel
 test_images
 python_env
 api_fuzz_env
+clients_env
+ts_env
 cd "$REPO"
 log "cargo fmt --check"
 cargo fmt --all -- --check
@@ -26,6 +28,14 @@ log "fuzzing, bounded (scripts/fuzz.sh: every target of fuzz/ for 15 s)"
 log "end-to-end suite (official SDK)"
 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/e2e \
     --ignore=tests/e2e/test_network.py
+log "TypeScript SDK suite (tests/ts, node --test)"
+PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES tests/ts/run.sh
+log "Debian package (scripts/package.sh)"
+install_missing systemd # systemd-analyze verify, offline
+deb=$(scripts/package.sh --no-build | tail -n 1)
+log "official clients: osb, MCP, gRPC reflection, API reference page, the package (tests/clients)"
+PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES PVISOR_DEB=$deb "$PVISOR_CLIENTS_VENV/bin/python" -m pytest -q \
+    -p no:cacheprovider tests/clients
 log "private test internet (tests/networld): unit tests, set-up, every server from the host"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/networld
 "$VENV/bin/python" tests/networld up

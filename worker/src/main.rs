@@ -222,17 +222,25 @@ fn main() {
         let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(LISTEN_FD) };
         listener.set_nonblocking(true).unwrap_or_else(|e| fail(e));
         let listener = tokio::net::UnixListener::from_std(listener).unwrap_or_else(|e| fail(e));
+        // Reflection in both versions: grpcurl asks v1 first, older grpcurl and Google's own
+        // reflection clients (grpcio-reflection) speak only v1alpha.
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pvisor_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
+            .unwrap_or_else(|e| fail(e));
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pvisor_proto::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
             .unwrap_or_else(|e| fail(e));
         // netd takes the link while the agent is connected and configured.
         let net_started = tokio::spawn(network_started(netd.clone()));
         let deadline = Arc::new(watch::channel(cfg.deadline_unix_ms.max(0)).0);
         pvisor_worker::expiry::enforce(&deadline, sandbox.clone());
         let svc = WorkerService::new(sandbox.clone(), netd, ready_rx, common.cgroup.clone(), common.limits, deadline);
-        let mut router =
-            tonic::transport::Server::builder().add_service(WorkerServer::new(svc)).add_service(reflection);
+        let mut router = tonic::transport::Server::builder()
+            .add_service(WorkerServer::new(svc))
+            .add_service(reflection)
+            .add_service(reflection_v1alpha);
         if let Some(sb) = sandbox.clone() {
             match agent_link::connect(sb.clone()).await {
                 Ok(channel) => {
