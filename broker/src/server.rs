@@ -268,6 +268,7 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
     let cgroup_prefix = cgroup_prefix(&o.data_dir);
     let cgroups = match Layout::detect() {
         Ok(l) => {
+            let l = l.prepare(&format!("{cgroup_prefix}host")).map_err(|e| e.to_string())?;
             clean_stale_cgroups(&l, &cgroup_prefix, &keep.cgroups);
             Some(l)
         }
