@@ -339,7 +339,9 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         None => tracing::info!(bytes = disks.default_bytes, "ns sandboxes get their own disk"),
         Some(why) => tracing::warn!("ns sandboxes' writable layers are not bounded: {why}"),
     }
-    let limit_bounds = crate::api::limits::Bounds::for_host(disks.max_bytes());
+    let limit_bounds = crate::api::limits::Bounds::for_host(
+        disks.max_bytes().ok_or_else(|| disks.unavailable().unwrap_or("no disk bound").to_string()),
+    );
     let default_limits = Limits { disk_bytes: disks.default_bytes, ..Limits::default() };
     let ctx = Ctx {
         listen: o.listen,

@@ -24,7 +24,6 @@ end() {
 trap end EXIT
 
 mount -t proc proc /proc || say "mount /proc failed"
-
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev 2>/dev/null || true
 mkdir -p /dev/pts /dev/shm

@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 INIT = REPO / "tests" / "cgroupv2" / "guest-init.sh"
-SCRATCH_BYTES = 8 << 30
+SCRATCH_BYTES = 32 << 30  # sparse; above the default --disk-limit (10Gi), or the broker bounds no disk
 GUEST_MIB = 3072
 # Emulation is slow (about 10-30x); the e2e deadlines and health waits scale with this.
 DEADLINE_SCALE = 8
