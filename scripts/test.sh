@@ -40,6 +40,9 @@ log "private test internet (tests/networld): unit tests, set-up, every server fr
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/networld
 "$VENV/bin/python" tests/networld up
 "$VENV/bin/python" tests/networld check
+log "cgroup v2 host: the e2e subset inside a QEMU TCG guest with cgroup_no_v1=all (tests/cgroupv2)"
+PVISOR_TEST_STRICT=1 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q \
+    -p no:cacheprovider tests/cgroupv2
 log "network suite (official SDK, private internet; root and unprivileged broker)"
 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES PVISOR_NETWORLD_KEEP=1 "$VENV/bin/python" -m pytest -q \
     -p no:cacheprovider tests/e2e/test_network.py

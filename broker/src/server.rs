@@ -268,6 +268,7 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
     let cgroup_prefix = cgroup_prefix(&o.data_dir);
     let cgroups = match Layout::detect() {
         Ok(l) => {
+            let l = l.prepare(&format!("{cgroup_prefix}host")).map_err(|e| e.to_string())?;
             clean_stale_cgroups(&l, &cgroup_prefix, &keep.cgroups);
             Some(l)
         }
@@ -338,7 +339,9 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         None => tracing::info!(bytes = disks.default_bytes, "ns sandboxes get their own disk"),
         Some(why) => tracing::warn!("ns sandboxes' writable layers are not bounded: {why}"),
     }
-    let limit_bounds = crate::api::limits::Bounds::for_host(disks.max_bytes());
+    let limit_bounds = crate::api::limits::Bounds::for_host(
+        disks.max_bytes().ok_or_else(|| disks.unavailable().unwrap_or("no disk bound").to_string()),
+    );
     let default_limits = Limits { disk_bytes: disks.default_bytes, ..Limits::default() };
     let ctx = Ctx {
         listen: o.listen,

@@ -21,9 +21,11 @@
 //!
 //! [`remove::remove_tree`] deletes a tree; [`walk::walk`] visits one in
 //! pre-order with a visitor that decides what to descend into.
+//! [`replace::replace_file`] replaces one (trusted) file whole: temp, rename.
 pub mod error;
 mod path;
 pub mod remove;
+pub mod replace;
 mod stack;
 pub mod walk;
 

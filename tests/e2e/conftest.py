@@ -8,6 +8,9 @@ Environment:
   PVISOR_BIN          pvisor binary (default: <repo>/target/dist/pvisor)
   PVISOR_TEST_IMAGES  directory of test image archives
                       (default: /var/cache/pvisor/test-images)
+  PVISOR_E2E_ARCHIVES comma-separated archives the session server imports (default: all;
+                      the cgroup v2 guest, tests/cgroupv2, imports busybox.tar only)
+  PVISOR_E2E_DEADLINE_SCALE  multiplies every test's deadline (slow emulated guests)
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ OPTIONAL_ARCHIVES = {
     "node-bookworm.tar": "pvisor/node:latest",
 }
 API_KEY = "secret"
-HEALTH_TIMEOUT = 30.0
+HEALTH_TIMEOUT = float(os.environ.get("PVISOR_E2E_HEALTH_TIMEOUT", "30"))
 IMPORT_TIMEOUT = 600
 DEFAULT_TEST_DEADLINE = 120
 
@@ -303,7 +306,10 @@ def pvisor_server(tmp_path_factory):
     # (test_vm_backend.py runs the whole suite again on vm where it can).
     backend = os.environ.get("PVISOR_E2E_BACKEND", "ns")
     optional = [n for n in OPTIONAL_ARCHIVES if (images_dir() / n).is_file()]
-    srv = _start_server(tmp_path_factory, "pvisor", list(IMAGE_ARCHIVES) + optional, {}, ["--backend", backend])
+    archives = list(IMAGE_ARCHIVES) + optional
+    if os.environ.get("PVISOR_E2E_ARCHIVES"):
+        archives = os.environ["PVISOR_E2E_ARCHIVES"].split(",")
+    srv = _start_server(tmp_path_factory, "pvisor", archives, {}, ["--backend", backend])
     yield srv
     t0 = time.monotonic()
     rc = srv.stop()
@@ -458,6 +464,7 @@ class DeadlineExceeded(BaseException):
 def _deadline(request):
     marker = request.node.get_closest_marker("deadline")
     seconds = int(marker.args[0]) if marker else DEFAULT_TEST_DEADLINE
+    seconds = int(seconds * float(os.environ.get("PVISOR_E2E_DEADLINE_SCALE", "1")))
 
     def on_alarm(signum, frame):
         raise DeadlineExceeded(f"test exceeded its {seconds}s deadline (hung request?)")

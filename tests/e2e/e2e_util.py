@@ -153,8 +153,9 @@ def list_all_ids(http: httpx.Client) -> set[str]:
 
 def wait_healthy(port: int, proc, why: Callable[[], str], timeout: float = 30) -> None:
     """Waits until the server on `port` answers /health; fails with `why()`
-    if its process `proc` exits first or the timeout passes."""
-    deadline = time.monotonic() + timeout
+    if its process `proc` exits first or the timeout passes (scaled by
+    PVISOR_E2E_DEADLINE_SCALE, for slow emulated guests)."""
+    deadline = time.monotonic() + timeout * float(os.environ.get("PVISOR_E2E_DEADLINE_SCALE", "1"))
     while True:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:

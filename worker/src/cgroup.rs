@@ -162,11 +162,47 @@ fn enable(base: &Path, controller: &str) -> std::io::Result<()> {
     fs::write(base.join("cgroup.subtree_control"), format!("+{controller}"))
 }
 
+impl Layout {
+    /// Makes the broker's group ready to hold sandbox groups, at start-up
+    /// rather than at the first create, so a group that cannot hold them is
+    /// reported before the service answers. v1 needs nothing.
+    ///
+    /// v2: the group must hand memory (cpu, pids) to children, which the "no
+    /// internal processes" rule forbids while it holds processes. The broker
+    /// moves itself into a `pvisor-broker` leaf (what a service started with
+    /// `Delegate=yes` needs). If other processes share the group (a root shell's
+    /// session scope, say), a root broker moves to a group of its own beside it,
+    /// `<own_name>` under the same parent (so the parent's limits still apply);
+    /// an unprivileged one cannot and says what to do.
+    pub fn prepare(self, own_name: &str) -> Result<Layout> {
+        let Layout::V2 { base } = &self else { return Ok(self) };
+        match enable_v2_controllers(base) {
+            Err(WorkerError::CgroupBusy(path)) if nix::unistd::geteuid().is_root() => {
+                let Some(parent) = base.parent() else { return Err(WorkerError::CgroupBusy(path)) };
+                let own = parent.join(own_name);
+                mkdir(&own)?;
+                tracing::warn!(
+                    "cgroup {} holds other processes, so it cannot hold sandbox groups: using {} \
+                     beside it (run pvisor as a service with Delegate=yes to keep it in its own)",
+                    base.display(),
+                    own.display()
+                );
+                mkdir(&own.join(BROKER_LEAF))?;
+                write(&own.join(BROKER_LEAF).join("cgroup.procs"), &std::process::id().to_string())?;
+                enable_v2_controllers(&own)?;
+                Ok(Layout::V2 { base: own })
+            }
+            Err(e) => Err(e),
+            Ok(()) => Ok(self),
+        }
+    }
+}
+
 /// v2: hands memory (required), cpu and pids (where delegated) to the
 /// children of the broker's group. The "no internal processes" rule makes
 /// that fail with EBUSY while the group has processes; then, and only then,
 /// the broker moves itself (not other processes) into a `pvisor-broker`
-/// child and tries again.
+/// child and tries again; still busy means other processes are there.
 fn enable_v2_controllers(base: &Path) -> Result<()> {
     let err = |c: &str, source| WorkerError::Cgroup {
         path: format!("{}/cgroup.subtree_control (+{c})", base.display()),
@@ -178,7 +214,13 @@ fn enable_v2_controllers(base: &Path) -> Result<()> {
             let own = base.join(BROKER_LEAF);
             mkdir(&own)?;
             write(&own.join("cgroup.procs"), &std::process::id().to_string())?;
-            enable(base, "memory").map_err(|e| err("memory", e))?;
+            match enable(base, "memory") {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    return Err(WorkerError::CgroupBusy(base.display().to_string()))
+                }
+                Err(e) => return Err(err("memory", e)),
+            }
         }
         Err(e) => return Err(err("memory", e)),
     }

@@ -7,6 +7,12 @@ pub enum WorkerError {
     Cgroup { path: String, source: io::Error },
     #[error("no usable cgroup hierarchy: {0}")]
     NoCgroup(String),
+    #[error(
+        "cgroup {0} holds other processes, so it cannot hand controllers to sandbox groups: start \
+         pvisor in a group of its own (systemd: a service with Delegate=yes, or `systemd-run --user \
+         --scope -p Delegate=yes pvisor serve`)"
+    )]
+    CgroupBusy(String),
     #[error("sandbox start failed: {0}")]
     Start(String),
     #[error("bad worker configuration: {0}")]

@@ -180,7 +180,7 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes) -> ApiResult<Response> {
             )))
         }
     };
-    let limits = limits::from_request(req.resource_limits.as_ref(), ctx.default_limits, ctx.limit_bounds)?;
+    let limits = limits::from_request(req.resource_limits.as_ref(), ctx.default_limits, &ctx.limit_bounds)?;
     let metadata = req.metadata.clone().unwrap_or_default();
     check_metadata(&metadata)?;
     let env = req.env.clone().unwrap_or_default();

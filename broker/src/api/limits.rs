@@ -26,18 +26,18 @@ pub const MAX_PIDS: u64 = 65_536;
 pub const MIN_DISK: u64 = 16 << 20;
 
 /// What this server can grant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bounds {
     /// The host's RAM: more cannot be honoured.
     pub max_memory: u64,
-    /// The largest disk bound, or `None` where this server cannot bound a
-    /// sandbox's disk (an unprivileged broker: `ephemeral-storage` is refused).
-    pub max_disk: Option<u64>,
+    /// The largest disk bound, or why this server cannot bound a sandbox's
+    /// disk (an unprivileged broker, say: `ephemeral-storage` is refused).
+    pub max_disk: Result<u64, String>,
 }
 
 impl Bounds {
     /// Bounds for this host: its RAM (from `/proc/meminfo`, else unbounded).
-    pub fn for_host(max_disk: Option<u64>) -> Bounds {
+    pub fn for_host(max_disk: Result<u64, String>) -> Bounds {
         Bounds { max_memory: host_memory().unwrap_or(u64::MAX), max_disk }
     }
 }
@@ -202,7 +202,7 @@ pub fn default_pids(memory_bytes: u64) -> u64 {
 pub fn from_request(
     req: Option<&BTreeMap<String, String>>,
     defaults: Limits,
-    bounds: Bounds,
+    bounds: &Bounds,
 ) -> Result<Limits, LimitError> {
     let mut l = defaults;
     let mut pids = None;
@@ -220,10 +220,9 @@ pub fn from_request(
             }
             EPHEMERAL_STORAGE => {
                 let bytes = parse_bytes(EPHEMERAL_STORAGE, v)?;
-                let Some(max) = bounds.max_disk else {
-                    return Err(LimitError::DiskUnsupported(
-                        "it needs a root broker with project quotas; see `pvisor serve --disk-limit`".into(),
-                    ));
+                let max = match &bounds.max_disk {
+                    Ok(max) => *max,
+                    Err(why) => return Err(LimitError::DiskUnsupported(format!("{why}; see `pvisor serve --disk-limit`"))),
                 };
                 l.disk_bytes = check(EPHEMERAL_STORAGE, v, bytes, MIN_DISK, max, show_bytes)?;
             }
@@ -238,13 +237,13 @@ pub fn from_request(
 mod tests {
     use super::*;
 
-    const B: Bounds = Bounds { max_memory: 24 << 30, max_disk: Some(100 << 30) };
+    const B: Bounds = Bounds { max_memory: 24 << 30, max_disk: Ok(100 << 30) };
 
     fn m(v: &[(&str, &str)]) -> BTreeMap<String, String> {
         v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
-    fn code(v: &[(&str, &str)], b: Bounds) -> &'static str {
+    fn code(v: &[(&str, &str)], b: &Bounds) -> &'static str {
         from_request(Some(&m(v)), Limits::default(), b).unwrap_err().code()
     }
 
@@ -273,47 +272,47 @@ mod tests {
 
     #[test]
     fn huge_values_are_out_of_range_not_unlimited() {
-        assert_eq!(code(&[("memory", "1e30Ti")], B), "RESOURCE_LIMIT_INVALID");
-        assert_eq!(code(&[("memory", "99999999999999999999999Ti")], B), "RESOURCE_LIMIT_OUT_OF_RANGE");
-        assert_eq!(code(&[("memory", "25Gi")], B), "RESOURCE_LIMIT_OUT_OF_RANGE", "more than the host has");
-        assert_eq!(code(&[("cpu", "100000")], B), "RESOURCE_LIMIT_OUT_OF_RANGE");
-        assert_eq!(code(&[("cpu", "99999999999999999999999999")], B), "RESOURCE_LIMIT_OUT_OF_RANGE");
-        assert_eq!(code(&[("cpu", "5m")], B), "RESOURCE_LIMIT_OUT_OF_RANGE");
-        assert_eq!(code(&[("pids", "99999999999999999999999")], B), "RESOURCE_LIMIT_OUT_OF_RANGE");
-        assert_eq!(code(&[("pids", "1000000")], B), "RESOURCE_LIMIT_OUT_OF_RANGE");
-        assert_eq!(code(&[("pids", "3")], B), "RESOURCE_LIMIT_OUT_OF_RANGE");
-        assert_eq!(code(&[("pids", "many")], B), "RESOURCE_LIMIT_INVALID");
-        assert_eq!(code(&[("ephemeral-storage", "200Gi")], B), "RESOURCE_LIMIT_OUT_OF_RANGE");
-        assert_eq!(code(&[("ephemeral-storage", "1Mi")], B), "RESOURCE_LIMIT_OUT_OF_RANGE");
+        assert_eq!(code(&[("memory", "1e30Ti")], &B), "RESOURCE_LIMIT_INVALID");
+        assert_eq!(code(&[("memory", "99999999999999999999999Ti")], &B), "RESOURCE_LIMIT_OUT_OF_RANGE");
+        assert_eq!(code(&[("memory", "25Gi")], &B), "RESOURCE_LIMIT_OUT_OF_RANGE", "more than the host has");
+        assert_eq!(code(&[("cpu", "100000")], &B), "RESOURCE_LIMIT_OUT_OF_RANGE");
+        assert_eq!(code(&[("cpu", "99999999999999999999999999")], &B), "RESOURCE_LIMIT_OUT_OF_RANGE");
+        assert_eq!(code(&[("cpu", "5m")], &B), "RESOURCE_LIMIT_OUT_OF_RANGE");
+        assert_eq!(code(&[("pids", "99999999999999999999999")], &B), "RESOURCE_LIMIT_OUT_OF_RANGE");
+        assert_eq!(code(&[("pids", "1000000")], &B), "RESOURCE_LIMIT_OUT_OF_RANGE");
+        assert_eq!(code(&[("pids", "3")], &B), "RESOURCE_LIMIT_OUT_OF_RANGE");
+        assert_eq!(code(&[("pids", "many")], &B), "RESOURCE_LIMIT_INVALID");
+        assert_eq!(code(&[("ephemeral-storage", "200Gi")], &B), "RESOURCE_LIMIT_OUT_OF_RANGE");
+        assert_eq!(code(&[("ephemeral-storage", "1Mi")], &B), "RESOURCE_LIMIT_OUT_OF_RANGE");
     }
 
     #[test]
     fn unknown_keys_are_refused_and_the_sdk_default_is_fine() {
-        assert_eq!(code(&[("gpu", "1")], B), "RESOURCE_LIMIT_UNKNOWN");
-        assert_eq!(code(&[("cpu", "1"), ("nvidia.com/gpu", "1")], B), "RESOURCE_LIMIT_UNKNOWN");
-        let l = from_request(Some(&m(&[("cpu", "1"), ("memory", "2Gi")])), Limits::default(), B).unwrap();
+        assert_eq!(code(&[("gpu", "1")], &B), "RESOURCE_LIMIT_UNKNOWN");
+        assert_eq!(code(&[("cpu", "1"), ("nvidia.com/gpu", "1")], &B), "RESOURCE_LIMIT_UNKNOWN");
+        let l = from_request(Some(&m(&[("cpu", "1"), ("memory", "2Gi")])), Limits::default(), &B).unwrap();
         assert_eq!((l.cpu_millis, l.memory_bytes), (1000, 2 << 30));
     }
 
     #[test]
     fn disk_bound_from_the_request_or_the_server() {
         let d = Limits { disk_bytes: 10 << 30, ..Limits::default() };
-        assert_eq!(from_request(None, d, B).unwrap().disk_bytes, 10 << 30);
-        let l = from_request(Some(&m(&[("ephemeral-storage", "512Mi")])), d, B).unwrap();
+        assert_eq!(from_request(None, d, &B).unwrap().disk_bytes, 10 << 30);
+        let l = from_request(Some(&m(&[("ephemeral-storage", "512Mi")])), d, &B).unwrap();
         assert_eq!(l.disk_bytes, 512 << 20);
-        let unprivileged = Bounds { max_disk: None, ..B };
-        assert_eq!(code(&[("ephemeral-storage", "1Gi")], unprivileged), "DISK_LIMIT_UNSUPPORTED");
+        let unprivileged = Bounds { max_disk: Err("an unprivileged broker cannot".into()), ..B };
+        assert_eq!(code(&[("ephemeral-storage", "1Gi")], &unprivileged), "DISK_LIMIT_UNSUPPORTED");
     }
 
     #[test]
     fn pids_scale_with_memory_unless_given() {
         let d = Limits::default();
-        let pids = |v: &[(&str, &str)]| from_request(Some(&m(v)), d, B).unwrap().pids;
+        let pids = |v: &[(&str, &str)]| from_request(Some(&m(v)), d, &B).unwrap().pids;
         assert_eq!(pids(&[("memory", "256Mi")]), 1024);
         assert_eq!(pids(&[("memory", "512Mi")]), 2048);
         assert_eq!(pids(&[("memory", "2Gi")]), 4096);
         assert_eq!(pids(&[("memory", "32Mi")]), 256);
         assert_eq!(pids(&[("memory", "2Gi"), ("pids", "100")]), 100);
-        assert_eq!(from_request(None, d, B).unwrap().pids, 2048, "default 512 MiB");
+        assert_eq!(from_request(None, d, &B).unwrap().pids, 2048, "default 512 MiB");
     }
 }

@@ -14,13 +14,14 @@
 //! (after a reboot every sandbox is `Terminated`); a record torn by it is
 //! skipped with a warning at load. Snapshot and volume records, which do
 //! outlive a reboot, keep their synchronous fsyncs.
+use pvisor_fstree::replace::{replace_file, Durability};
 use super::proc::ProcId;
 use chrono::{DateTime, Utc};
 use pvisor_worker::cgroup::GroupPaths;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -184,11 +185,8 @@ impl SandboxStore {
     /// module docs).
     pub fn write(&self, rec: &SandboxRecord) -> Result<(), StoreError> {
         let path = self.path(&rec.id);
-        let tmp = self.dir.join(format!("{}.json.tmp", rec.id));
         let bytes = serde_json::to_vec(rec).map_err(|source| StoreError::Json { path: path.clone(), source })?;
-        let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(&bytes).map_err(io_err(&tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        replace_file(&path, &bytes, Durability::Deferred).map_err(io_err(&path))?;
         self.syncer.queue(path);
         Ok(())
     }
@@ -225,10 +223,7 @@ pub fn swap_boot_id(file: &Path, boot: &str) -> Result<Option<String>, StoreErro
         Err(e) => return Err(StoreError::Io { path: file.to_path_buf(), source: e }),
     };
     if before.as_deref() != Some(boot) {
-        let tmp = file.with_extension("tmp");
-        let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(boot.as_bytes()).and_then(|()| f.sync_all()).map_err(io_err(&tmp))?;
-        fs::rename(&tmp, file).map_err(io_err(file))?;
+        replace_file(file, boot.as_bytes(), Durability::Synced).map_err(io_err(file))?;
     }
     Ok(before)
 }

@@ -111,9 +111,8 @@ impl VmAssets {
 }
 
 fn write_atomically(path: &Path, data: &[u8]) -> Result<(), String> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    use pvisor_fstree::replace::{replace_file, Durability};
+    replace_file(path, data, Durability::Deferred).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// An empty ext4 of `bytes` (whole 4 KiB blocks), sparse (lazy inode table

@@ -3,11 +3,12 @@
 //! rename, fsync of the directory), so a snapshot survives a broker restart.
 //! A record left `Creating` by a broker that died is `Failed` at the next
 //! start (its capture is gone with that broker).
+use pvisor_fstree::replace::{replace_file, Durability};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
@@ -155,13 +156,8 @@ impl SnapshotStore {
 
     fn write(&self, rec: &SnapshotRecord) -> Result<(), StoreError> {
         let path = self.path(&rec.id);
-        let tmp = self.dir.join(format!("{}.json.tmp", rec.id));
         let bytes = serde_json::to_vec_pretty(rec).map_err(|source| StoreError::Json { path: path.clone(), source })?;
-        let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(&bytes).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err(&path))?;
-        self.sync_dir()
+        replace_file(&path, &bytes, Durability::Synced).map_err(io_err(&path))
     }
 
     fn sync_dir(&self) -> Result<(), StoreError> {

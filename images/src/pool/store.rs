@@ -13,9 +13,10 @@
 //!                  leftovers are removed by open
 //! ```
 
+use pvisor_fstree::replace::{replace_file, Durability};
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,15 +104,9 @@ fn open_dir_nofollow(path: &Path) -> io::Result<File> {
     OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW).open(path)
 }
 
-/// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync dir.
+/// Writes `bytes` to `path` atomically and durably (temp file, fsync, rename, fsync dir).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
-    fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-    fsync_dir(path.parent().unwrap_or(Path::new(".")))
+    replace_file(path, bytes, Durability::Synced).map_err(|e| Error::io(path, e))
 }
 
 pub(crate) fn unique_name(prefix: &str) -> String {
