@@ -113,3 +113,19 @@ api_fuzz_env() {
     fi
     export PVISOR_SCHEMATHESIS=$venv/bin/schemathesis
 }
+
+# A virtualenv with the Prometheus text parsers of tests/e2e/test_ops.py, keyed by its
+# requirements; exports its interpreter as PVISOR_OPS_PYTHON.
+ops_env() {
+    local req=$REPO/tests/ops/requirements.txt venv=$PVISOR_CACHE/venv-ops
+    local key
+    key=$(sha256sum "$req" | cut -c1-16)
+    if [ ! -f "$venv/.key-$key" ]; then
+        log "ops test environment ($venv)"
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+        touch "$venv/.key-$key"
+    fi
+    export PVISOR_OPS_PYTHON=$venv/bin/python
+}

@@ -10,6 +10,7 @@ guest_kernel
 test_images
 python_env
 api_fuzz_env
+ops_env
 cd "$REPO"
 log "cargo fmt --check"
 cargo fmt --all -- --check
