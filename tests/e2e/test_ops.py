@@ -87,14 +87,14 @@ def test_metrics_is_gated_by_the_api_key(ops_server):
 
 def test_metrics_move_with_creates_commands_and_deletes(ops_http, ops_sandbox):
     before = scrape(ops_http)
-    assert before["families"]["pvisor_sandbox_creates"] == "counter"
-    assert before["families"]["pvisor_sandbox_create_duration_seconds"] == "histogram"
-    assert before["families"]["pvisor_sandboxes"] == "gauge"
     sb = ops_sandbox(BUSYBOX, entrypoint=["tail", "-f", "/dev/null"])
     assert sh(sb, "echo hi").strip() == "hi"
     # Traffic through the sandbox's netd: a DNS query to its resolver (the answer is not needed).
     sh(sb, "nslookup example.invalid 10.0.2.3 >/dev/null 2>&1; true")
     after = scrape(ops_http)
+    assert after["families"]["pvisor_sandbox_creates"] == "counter"
+    assert after["families"]["pvisor_sandbox_create_duration_seconds"] == "histogram"
+    assert after["families"]["pvisor_sandboxes"] == "gauge"
 
     assert value(after, "pvisor_sandbox_creates_total", backend="ns") == \
         value(before, "pvisor_sandbox_creates_total", backend="ns") + 1
