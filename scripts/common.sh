@@ -84,34 +84,30 @@ test_images() {
     "$REPO/images/testdata/build-test-images.sh" "$TEST_IMAGES" >/dev/null
 }
 
-# A virtualenv with the official OpenSandbox SDK, keyed by the requirements.
-python_env() {
-    local req=$REPO/tests/e2e/requirements.txt
-    local key
-    key=$(sha256sum "$req" | cut -c1-16)
-    if [ ! -f "$VENV/.key-$key" ]; then
-        log "python environment ($VENV)"
-        rm -rf "$VENV"
-        python3 -m venv "$VENV"
-        "$VENV/bin/pip" install -q --disable-pip-version-check -r "$req"
-        touch "$VENV/.key-$key"
-    fi
-}
-
-# The API fuzzer's venv (schemathesis, tests/e2e/test_api_fuzz.py), apart from the SDK's so
-# neither's pins move the other's; keyed by its requirements. Exports PVISOR_SCHEMATHESIS.
-api_fuzz_env() {
-    local req=$REPO/tests/apifuzz/requirements.txt venv=$PVISOR_CACHE/venv-fuzz
-    local key
+# A virtualenv made from requirements file $1 at $2, remade only when the file changes (its
+# hash is the key). Every Python environment of the suite is one; each keeps its own pins.
+keyed_venv() {
+    local req=$1 venv=$2 what=$3 key
     key=$(sha256sum "$req" | cut -c1-16)
     if [ ! -f "$venv/.key-$key" ]; then
-        log "API fuzzer environment ($venv)"
+        log "$what ($venv)"
         rm -rf "$venv"
         python3 -m venv "$venv"
         "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
         touch "$venv/.key-$key"
     fi
-    export PVISOR_SCHEMATHESIS=$venv/bin/schemathesis
+}
+
+# A virtualenv with the official OpenSandbox SDK, keyed by the requirements.
+python_env() {
+    keyed_venv "$REPO/tests/e2e/requirements.txt" "$VENV" "python environment"
+}
+
+# The API fuzzer's venv (schemathesis, tests/e2e/test_api_fuzz.py), apart from the SDK's so
+# neither's pins move the other's; keyed by its requirements. Exports PVISOR_SCHEMATHESIS.
+api_fuzz_env() {
+    keyed_venv "$REPO/tests/apifuzz/requirements.txt" "$PVISOR_CACHE/venv-fuzz" "API fuzzer environment"
+    export PVISOR_SCHEMATHESIS=$PVISOR_CACHE/venv-fuzz/bin/schemathesis
 }
 
 # The TypeScript SDK suite's packages (tests/ts: the pinned official SDK), installed by `npm ci`
@@ -140,15 +136,13 @@ ts_env() {
 # server and the `mcp` client, grpcio-reflection), apart from the SDK's; keyed by its
 # requirements. Exports PVISOR_CLIENTS_VENV.
 clients_env() {
-    local req=$REPO/tests/clients/requirements.txt venv=$PVISOR_CACHE/venv-clients
-    local key
-    key=$(sha256sum "$req" | cut -c1-16)
-    if [ ! -f "$venv/.key-$key" ]; then
-        log "client environment ($venv)"
-        rm -rf "$venv"
-        python3 -m venv "$venv"
-        "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
-        touch "$venv/.key-$key"
-    fi
-    export PVISOR_CLIENTS_VENV=$venv
+    keyed_venv "$REPO/tests/clients/requirements.txt" "$PVISOR_CACHE/venv-clients" "client environment"
+    export PVISOR_CLIENTS_VENV=$PVISOR_CACHE/venv-clients
+}
+
+# A virtualenv with the Prometheus text parsers of tests/e2e/test_ops.py, keyed by its
+# requirements; exports its interpreter as PVISOR_OPS_PYTHON.
+ops_env() {
+    keyed_venv "$REPO/tests/ops/requirements.txt" "$PVISOR_CACHE/venv-ops" "ops test environment"
+    export PVISOR_OPS_PYTHON=$PVISOR_CACHE/venv-ops/bin/python
 }

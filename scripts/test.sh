@@ -12,6 +12,7 @@ python_env
 api_fuzz_env
 clients_env
 ts_env
+ops_env
 cd "$REPO"
 log "cargo fmt --check"
 cargo fmt --all -- --check

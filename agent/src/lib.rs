@@ -19,6 +19,7 @@ pub mod guest;
 pub mod identity;
 pub mod lines;
 pub mod passwd;
+pub mod pty;
 pub mod reaper;
 pub mod server;
 pub mod service;

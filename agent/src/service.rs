@@ -302,6 +302,14 @@ impl Agent for AgentService {
         Ok(Response::new(Empty {}))
     }
 
+    type PtyStream = Stream<PtyOutput>;
+    async fn pty(&self, req: Request<Streaming<PtyInput>>) -> Res<Self::PtyStream> {
+        let cfg = self.configured()?.config.clone();
+        let (tx, rx) = mpsc::channel(64);
+        crate::pty::open(&cfg, req.into_inner(), tx).await?;
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     type TunnelStream = Stream<TunnelData>;
     async fn tunnel(&self, req: Request<Streaming<TunnelData>>) -> Res<Self::TunnelStream> {
         self.configured()?;

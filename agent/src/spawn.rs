@@ -103,6 +103,64 @@ fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> B
 /// Spawns the process in its own process group with stdin from /dev/null and
 /// stdout/stderr on pipes; it is reaped by [`reaper`].
 pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
+    let mut cmd = prepare(spec, cfg)?;
+    cmd.stdin(if spec.stdin_pipe { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let (child, exit) = reaper::spawn_registered(|| {
+        let child = cmd.spawn()?;
+        let pid = child.id() as i32;
+        Ok((child, pid))
+    })
+    .map_err(|source| AgentError::Spawn { program: spec.argv[0].clone(), source })?;
+    let pid = child.id() as i32;
+    let mut child = child;
+    let to_pipe = |fd: std::os::fd::OwnedFd| pipe::Receiver::from_owned_fd(fd).map_err(|e| AgentError::io("pipe", e));
+    let stdout = to_pipe(child.stdout.take().expect("piped").into())?;
+    let stderr = to_pipe(child.stderr.take().expect("piped").into())?;
+    let stdin = match child.stdin.take() {
+        Some(s) => Some(pipe::Sender::from_owned_fd(s.into()).map_err(|e| AgentError::io("pipe", e))?),
+        None => None,
+    };
+    Ok(Spawned { pid, stdin, stdout, stderr, exit })
+}
+
+/// Spawns the process on the pty whose slave end is `slave` (its stdin,
+/// stdout and stderr) as the leader of a new session with that pty as its
+/// controlling terminal; it is reaped by [`reaper`]. Returns its pid (also
+/// its session's and process group's id) and its exit code.
+pub fn spawn_on_pty(
+    spec: &SpawnSpec,
+    cfg: &AgentConfig,
+    slave: &std::os::fd::OwnedFd,
+) -> Result<(i32, oneshot::Receiver<i32>)> {
+    let mut cmd = prepare(spec, cfg)?;
+    let io = || slave.try_clone().map(Stdio::from).map_err(|e| AgentError::io("pty", e));
+    cmd.stdin(io()?).stdout(io()?).stderr(io()?);
+    // SAFETY: runs in the forked child before exec (after the identity
+    // change); setsid and ioctl(TIOCSCTTY) on fd 0 are async-signal-safe
+    // and touch no memory.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (pid, exit) = reaper::spawn_registered(|| {
+        let child = cmd.spawn()?;
+        let pid = child.id() as i32;
+        Ok((pid, pid))
+    })
+    .map_err(|source| AgentError::Spawn { program: spec.argv[0].clone(), source })?;
+    Ok((pid, exit))
+}
+
+/// The command of `spec`: argv, environment, cwd, limits, extra fds and
+/// identity (stdio and grouping are the caller's).
+fn prepare(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Command> {
     if spec.extra_fds.len() > 8 {
         return Err(AgentError::InvalidArgument("at most 8 extra descriptors".into()));
     }
@@ -113,14 +171,7 @@ pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
         return Err(AgentError::InvalidArgument(format!("working directory {cwd} does not exist")));
     }
     let mut cmd = Command::new(&spec.argv[0]);
-    cmd.args(&spec.argv[1..])
-        .env_clear()
-        .envs(&env)
-        .current_dir(&cwd)
-        .stdin(if spec.stdin_pipe { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+    cmd.args(&spec.argv[1..]).env_clear().envs(&env).current_dir(&cwd);
     // The agent may lock memory, runs at high priority and must survive the
     // sandbox's OOMs: commands get the usual RLIMIT_MEMLOCK and nice 0, and a
     // raised OOM score (raising needs no
@@ -189,22 +240,7 @@ pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
             });
         }
     }
-    let (child, exit) = reaper::spawn_registered(|| {
-        let child = cmd.spawn()?;
-        let pid = child.id() as i32;
-        Ok((child, pid))
-    })
-    .map_err(|source| AgentError::Spawn { program: spec.argv[0].clone(), source })?;
-    let pid = child.id() as i32;
-    let mut child = child;
-    let to_pipe = |fd: std::os::fd::OwnedFd| pipe::Receiver::from_owned_fd(fd).map_err(|e| AgentError::io("pipe", e));
-    let stdout = to_pipe(child.stdout.take().expect("piped").into())?;
-    let stderr = to_pipe(child.stderr.take().expect("piped").into())?;
-    let stdin = match child.stdin.take() {
-        Some(s) => Some(pipe::Sender::from_owned_fd(s.into()).map_err(|e| AgentError::io("pipe", e))?),
-        None => None,
-    };
-    Ok(Spawned { pid, stdin, stdout, stderr, exit })
+    Ok(cmd)
 }
 
 /// `oom_score_adj` of sandbox commands.

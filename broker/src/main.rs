@@ -4,6 +4,7 @@ mod cli;
 mod durable;
 mod execd;
 mod http;
+mod metrics;
 mod sandbox;
 mod server;
 mod snapshot;
@@ -100,6 +101,10 @@ enum Cmd {
         #[arg(long, value_name = "SIZE", default_value = sandbox::disk::DEFAULT_LIMIT,
               value_parser = parse_disk_limit)]
         disk_limit: u64,
+        /// How log lines are written to stderr: text (for people) or json
+        /// (one JSON object per line, for log shippers).
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormat,
     },
     /// Explain what this host supports and which backend `auto` picks.
     Doctor {
@@ -118,12 +123,25 @@ enum Cmd {
         #[command(subcommand)]
         cmd: VolumeCmd,
     },
-    /// List sandboxes.
-    Ps(ServerArg),
-    /// Run a command in a sandbox.
+    /// List sandboxes with their backend, worker pid and cgroup.
+    Ps {
+        #[command(flatten)]
+        server: ServerArg,
+        /// The list as JSON (an array).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command in a sandbox (`-it`: interactively, on a terminal).
     Exec {
         #[command(flatten)]
         server: ServerArg,
+        /// Keep stdin open (with -t: the terminal's input).
+        #[arg(short, long)]
+        interactive: bool,
+        /// Run the command on a terminal in the sandbox: raw mode here,
+        /// window size and Ctrl-C forwarded.
+        #[arg(short, long)]
+        tty: bool,
         id: String,
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -133,6 +151,31 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SnapshotCmd,
     },
+    /// The entrypoint's output of a sandbox.
+    Logs {
+        #[command(flatten)]
+        server: ServerArg,
+        /// Keep printing new output until the entrypoint ends or the sandbox goes.
+        #[arg(short, long)]
+        follow: bool,
+        id: String,
+    },
+    /// CPU, memory, processes and network of every sandbox (like `docker stats`).
+    Stats {
+        #[command(flatten)]
+        server: ServerArg,
+        /// Print one table (after a one-second sample) instead of one a second.
+        #[arg(long)]
+        no_stream: bool,
+        /// Rows as JSON arrays (one per sample).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the shell completion script (e.g. `pvisor completions bash > /etc/bash_completion.d/pvisor`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Delete sandboxes.
     Rm {
         #[command(flatten)]
@@ -140,6 +183,13 @@ enum Cmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+}
+
+/// `pvisor serve --log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -288,6 +338,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             stop_sandboxes_on_exit,
             http,
             disk_limit,
+            log_format: _,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -329,9 +380,14 @@ async fn run(cli: Cli) -> Result<i32, String> {
         Cmd::Image { cmd: ImageCmd::Gc { pool, json } } => cli::image::gc(&cli::image::pool(pool.data_dir)?, json)?,
         Cmd::Image { cmd: ImageCmd::Du { pool, json } } => cli::image::du(&cli::image::pool(pool.data_dir)?, json)?,
         Cmd::Volume { cmd } => volume_cmd(cmd)?,
-        Cmd::Ps(s) => cli::ps(&cli::client::Client::new(&s.server)).await?,
-        Cmd::Exec { server, id, command } => {
-            return cli::exec::exec(&cli::client::Client::new(&server.server), &id, &command).await
+        Cmd::Ps { server, json } => cli::ps(&cli::client::Client::new(&server.server), json).await?,
+        Cmd::Exec { server, id, command, interactive, tty } => {
+            let c = cli::client::Client::new(&server.server);
+            return match (interactive, tty) {
+                (_, true) => cli::pty::exec_tty(&c, &id, &command).await,
+                (true, false) => Err("-i needs -t here (stdin is only relayed to a terminal)".into()),
+                (false, false) => cli::exec::exec(&c, &id, &command).await,
+            };
         }
         Cmd::Snapshot { cmd: SnapshotCmd::Ls { server, sandbox, json } } => {
             cli::snapshot::ls(&cli::client::Client::new(&server.server), sandbox.as_deref(), json).await?
@@ -339,6 +395,13 @@ async fn run(cli: Cli) -> Result<i32, String> {
         Cmd::Snapshot { cmd: SnapshotCmd::Rm { server, ids } } => {
             cli::snapshot::rm(&cli::client::Client::new(&server.server), &ids).await?
         }
+        Cmd::Logs { server, follow, id } => {
+            cli::logs::logs(&cli::client::Client::new(&server.server), &id, follow).await?
+        }
+        Cmd::Stats { server, no_stream, json } => {
+            cli::stats::stats(&cli::client::Client::new(&server.server), no_stream, json).await?
+        }
+        Cmd::Completions { shell } => cli::completions::print::<Cli>(shell),
         Cmd::Rm { server, ids } => cli::rm(&cli::client::Client::new(&server.server), &ids).await?,
     }
     Ok(0)
@@ -354,12 +417,23 @@ fn volume_cmd(cmd: VolumeCmd) -> Result<(), String> {
     }
 }
 
+/// Logs go to stderr, filtered by `PVISOR_LOG` (default `info`).
+fn init_logging(format: LogFormat) {
+    let filter = || tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG").unwrap_or_else(|_| "info".into());
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => fmt.init(),
+        // Span fields (a request's id) go into each line's `spans`.
+        LogFormat::Json => fmt.json().with_current_span(false).with_span_list(true).init(),
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PVISOR_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(match &cli.cmd {
+        Cmd::Serve { log_format, .. } => *log_format,
+        _ => LogFormat::Text,
+    });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
     match rt.block_on(run(cli)) {
         Ok(code) => std::process::exit(code),

@@ -29,8 +29,15 @@ pub fn command(
     log: std::fs::File,
 ) -> std::io::Result<Command> {
     let mut cmd = Command::new(worker_bin);
-    if let Some(g) = cgroup {
-        cmd.arg("--cgroup").arg(serde_json::to_string(g).map_err(std::io::Error::other)?);
+    match cgroup {
+        Some(g) => {
+            cmd.arg("--cgroup").arg(serde_json::to_string(g).map_err(std::io::Error::other)?);
+        }
+        // The group's JSON leaves room for the title (crate::title); without
+        // one, a padded argv[0] does (its trailing spaces do not show).
+        None => {
+            cmd.arg0(format!("{:<width$}", worker_bin.display(), width = crate::title::ROOM));
+        }
     }
     cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     pass_fds(&mut cmd, fds);

@@ -20,6 +20,7 @@ pub mod netd;
 pub mod ns;
 pub mod service;
 pub mod threads;
+pub mod title;
 pub mod vm;
 
 /// Set once the broker asked the worker to stop: the sandbox's end is then

@@ -153,6 +153,8 @@ fn main() {
     // for it; a configuration without `net` drops it.
     let netd = Netd::spawn(group.as_ref());
     let Some((cfg, common)) = wait_config() else { return };
+    // Cosmetic: a worker whose title cannot be set still runs its sandbox.
+    let title = pvisor_worker::title::set(&pvisor_worker::title::of_sandbox(&common.sandbox_id));
     // Loopback only: the idle netd is killed and reaped.
     let netd = cfg.net.is_some().then_some(netd);
     let t0 = Instant::now();
@@ -166,6 +168,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+    if let Err(e) = title {
+        tracing::warn!(sandbox = %common.sandbox_id, "process title: {e}");
+    }
     set_cloexec(LISTEN_FD);
     set_cloexec(LIFELINE_FD);
     pvisor_worker::harden::protect_worker();

@@ -136,11 +136,18 @@ async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pvisor_im
 #[utoipa::path(post, path = "/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
     responses((status = 202, description = "the sandbox, starting or running", body = CreateSandboxResponse)))]
 pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> Result<Response, Response> {
-    let _admitted = ctx.admission.admit(ctx.registry.list().len()).map_err(IntoResponse::into_response)?;
-    create_admitted(ctx, body).await.map_err(IntoResponse::into_response)
+    let started = std::time::Instant::now();
+    let _admitted = ctx.admission.admit(ctx.registry.list().len()).map_err(|r| {
+        crate::metrics::events().create_failed(r.error.code);
+        r.into_response()
+    })?;
+    create_admitted(ctx, body, started).await.map_err(|e| {
+        crate::metrics::events().create_failed(e.code);
+        e.into_response()
+    })
 }
 
-async fn create_admitted(ctx: Arc<Ctx>, body: Bytes) -> ApiResult<Response> {
+async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant) -> ApiResult<Response> {
     let req: CreateSandboxRequest = parse_json(&body)?;
     if req.template_id.is_some() {
         return Err(unsupported_field("templateId"));
@@ -266,6 +273,7 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes) -> ApiResult<Response> {
     }
     ctx.registry.insert(entry.clone());
     launch::monitor(ctx.clone(), entry.clone(), child, log);
+    crate::metrics::events().created(&entry.id, entry.backend_name(), started);
     tracing::info!(sandbox = %entry.id, image = %entry.image_uri, "created");
     let v = view(&entry);
     let resp = CreateSandboxResponse {
@@ -337,6 +345,7 @@ pub async fn delete(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> ApiR
     entry.save();
     teardown(&entry).await;
     entry.forget();
+    crate::metrics::events().deleted(&id, "api");
     tracing::info!(sandbox = %id, "deleted");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -12,6 +12,8 @@ pub mod lifecycle;
 pub mod limits;
 pub mod models;
 pub mod openapi;
+pub mod prom;
+pub mod pty;
 pub mod query;
 pub mod request_id;
 pub mod snapshots;
@@ -91,6 +93,7 @@ pub fn routes(gate: &dyn Fn(ApiRouter) -> ApiRouter) -> ApiRouter {
         .routes(routes!(openapi::serve))
         .nest("/v1", gate(v1))
         .nest("/pvisor", gate(admin::router()))
+        .merge(gate(ApiRouter::new().route("/metrics", axum::routing::get(prom::metrics))))
         .merge(data_plane)
 }
 

@@ -13,6 +13,7 @@ pub struct Client {
 
 pub struct Resp {
     pub status: u16,
+    pub headers: http::HeaderMap,
     pub body: hyper::body::Incoming,
 }
 
@@ -55,11 +56,50 @@ impl Client {
         };
         let req = b.body(body).map_err(|e| e.to_string())?;
         let resp = self.http.request(req).await.map_err(|e| format!("{url}: {e} (is `pvisor serve` running?)"))?;
-        Ok(Resp { status: resp.status().as_u16(), body: resp.into_body() })
+        let (head, body) = resp.into_parts();
+        Ok(Resp { status: head.status.as_u16(), headers: head.headers, body })
+    }
+
+    /// `GET path` upgraded to `protocol` (a 101); an error status becomes
+    /// its `{code, message}` as text.
+    pub async fn upgrade(&self, path: &str, protocol: &str) -> Result<hyper::upgrade::Upgraded, String> {
+        let url = format!("{}{path}", self.base);
+        let mut b = http::Request::builder()
+            .method("GET")
+            .uri(&url)
+            .header("connection", "upgrade")
+            .header("upgrade", protocol);
+        if let Some(k) = &self.api_key {
+            b = b.header("OPEN-SANDBOX-API-KEY", k);
+        }
+        let req = b.body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+        let resp = self.http.request(req).await.map_err(|e| format!("{url}: {e} (is `pvisor serve` running?)"))?;
+        if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            let status = resp.status().as_u16();
+            let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            return Err(format!(
+                "{status} {}: {}",
+                v["code"].as_str().unwrap_or(""),
+                v["message"].as_str().unwrap_or("")
+            ));
+        }
+        hyper::upgrade::on(resp).await.map_err(|e| format!("{url}: upgrade: {e}"))
     }
 
     async fn checked(&self, method: &str, path: &str) -> Result<Bytes, String> {
-        let r = self.send(method, path, &[], None).await?;
+        self.checked_with(method, path, &[]).await.map(|(_, body)| body)
+    }
+
+    /// Sends a request without a body; an error status becomes its
+    /// `{code, message}` as text. Returns the headers and body.
+    pub async fn checked_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(http::HeaderMap, Bytes), String> {
+        let r = self.send(method, path, headers, None).await?;
         let status = r.status;
         let body = r.body.collect().await.map_err(|e| e.to_string())?.to_bytes();
         if status >= 400 {
@@ -70,7 +110,7 @@ impl Client {
                 v["message"].as_str().unwrap_or("")
             ));
         }
-        Ok(body)
+        Ok((r.headers, body))
     }
 
     pub async fn get_json(&self, path: &str) -> Result<Value, String> {

@@ -1,21 +1,17 @@
 //! `pvisor exec ID -- CMD...`: runs a command through the data plane and
 //! relays its output; exits with the command's exit code.
 use super::client::Client;
+use super::endpoint::Endpoint;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use std::io::Write;
 
 pub async fn exec(c: &Client, id: &str, argv: &[String]) -> Result<i32, String> {
-    let ep = c.get_json(&format!("/v1/sandboxes/{id}/endpoints/44772")).await?;
-    let endpoint = ep["endpoint"].as_str().ok_or("endpoint missing in the server's answer")?;
-    let headers: Vec<(String, String)> = ep["headers"]
-        .as_object()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string())).collect())
-        .unwrap_or_default();
-    let mut hdrs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let ep = Endpoint::of(c, id).await?;
+    let mut hdrs = ep.headers();
     hdrs.push(("accept", "text/event-stream"));
     let body = serde_json::json!({ "argv": argv });
-    let mut r = c.send("POST", &format!("http://{endpoint}/command"), &hdrs, Some(body)).await?;
+    let mut r = c.send("POST", &ep.url("/command"), &hdrs, Some(body)).await?;
     if r.status >= 400 {
         let b = r.body.collect().await.map_err(|e| e.to_string())?.to_bytes();
         return Err(format!("{}: {}", r.status, String::from_utf8_lossy(&b)));

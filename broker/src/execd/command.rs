@@ -62,6 +62,7 @@ pub async fn run(Extension(sb): Sandbox, body: Bytes) -> ApiResult<Response> {
         background,
     };
     let stream = agent(&sb)?.exec(req).await?.into_inner();
+    crate::metrics::events().command_started(&sb.id);
     Ok(sse::response(sse::exec_stream(stream, background)))
 }
 

@@ -16,7 +16,6 @@ use super::limits::HttpLimits;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::collections::HashMap;
 use std::future::Future;
@@ -150,7 +149,11 @@ pub async fn serve(
         peak: Arc::default(),
     };
     let builder = builder(limits);
-    let graceful = GracefulShutdown::new();
+    // Graceful shutdown, by hand: hyper-util's watcher does not take
+    // connections with upgrades. `stop` tells every connection to finish its
+    // request and close; `done` closes once every connection task is over.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -174,20 +177,33 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY: {e}");
         }
-        let conn = builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
-        let conn = graceful.watch(conn);
+        // Upgrades: `pvisor exec -it`'s terminal (api::pty).
+        // An upgraded connection leaves its slot once the upgrade is done.
+        let conn = builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone())).with_upgrades();
         let (global, max, peak) = (admit.global.clone(), admit.max, admit.peak.clone());
+        let (mut stop, done) = (stop_rx.clone(), done_tx.clone());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            tokio::pin!(conn);
+            let r = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = stop.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = r {
                 tracing::debug!(%peer, "connection: {e}");
             }
             drop(slots);
             trim_after_burst(&peak, max - global.available_permits());
+            drop(done);
         });
     }
     drop(listener);
+    let _ = stop_tx.send(());
+    drop(done_tx);
     tokio::select! {
-        _ = graceful.shutdown() => {}
+        _ = done_rx.recv() => {}
         _ = tokio::time::sleep(grace) => tracing::warn!("connections still open after {grace:?}; stopping anyway"),
     }
 }

@@ -18,6 +18,7 @@ pub fn spawn(ctx: Arc<Ctx>) {
                 e.save();
                 super::teardown::teardown(&e).await;
                 e.forget();
+                crate::metrics::events().deleted(&e.id, "expired");
             }
             fail_rootless(&ctx, ctx.mounts.take_dead()).await;
             let in_use = ctx.registry.list().into_iter().map(|e| e.image_id.clone()).collect();

@@ -157,6 +157,19 @@ pub fn survivors(run_dir: &Path, adopt: bool) -> Vec<Survivor> {
     out
 }
 
+/// A running server, as [`ImageMounts::running`] reports it.
+pub struct RunningServer {
+    pub image_id: String,
+    pub pid: Option<u32>,
+    pub cgroup: Option<GroupPaths>,
+}
+
+/// The pid a pidfd refers to (its `Pid:` line in fdinfo).
+fn pid_of_pidfd(fd: &OwnedFd) -> Option<u32> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    info.lines().find_map(|l| l.strip_prefix("Pid:")).and_then(|p| p.trim().parse().ok()).filter(|p: &u32| *p > 0)
+}
+
 /// What starting a server needs.
 pub struct ImageMounts {
     imaged_bin: PathBuf,
@@ -285,6 +298,27 @@ impl ImageMounts {
             }
         }
         dead
+    }
+
+    /// The servers running now (a server being started or checked is left
+    /// out): image id, pid (None where unknown) and group, for the metrics.
+    pub fn running(&self) -> Vec<RunningServer> {
+        let slots: Vec<(String, Slot)> = self
+            .servers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut out = Vec::new();
+        for (image_id, slot) in slots {
+            let Ok(st) = slot.try_lock() else { continue };
+            if let Some(s) = &st.server {
+                let pid = s.child.as_ref().map(|c| c.id()).or_else(|| s.pidfd.as_ref().and_then(pid_of_pidfd));
+                out.push(RunningServer { image_id, pid, cgroup: s.cgroup.clone() });
+            }
+        }
+        out
     }
 
     /// The mounted image, starting its server if none runs. Blocking; a

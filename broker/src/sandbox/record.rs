@@ -275,6 +275,7 @@ impl SandboxEntry {
 
     pub fn set_state(&self, state: State, reason: Option<String>, message: Option<String>) {
         if state == State::Failed {
+            crate::metrics::events().sandbox_failed(reason.as_deref());
             let detail = [reason.as_deref(), message.as_deref()].into_iter().flatten().collect::<Vec<_>>().join(": ");
             self.events.push(EventKind::Failed, Some(detail).filter(|d| !d.is_empty()));
         }
@@ -327,6 +328,18 @@ impl SandboxEntry {
         let rt = self.runtime.lock().unwrap_or_else(|e| e.into_inner());
         let r = rt.as_ref()?;
         Some((r.worker_pidfd.as_ref()?.try_clone().ok()?, r.log.clone()))
+    }
+
+    /// The worker's pid and the sandbox's cgroup, while the sandbox is live
+    /// (for `pvisor ps` and the metrics).
+    pub fn process(&self) -> Option<(u32, Option<GroupPaths>)> {
+        let rt = self.runtime.lock().unwrap_or_else(|e| e.into_inner());
+        rt.as_ref().map(|r| (r.worker_pid, r.cgroup.clone()))
+    }
+
+    /// The backend's name (`ns`, `vm`; empty for records older than backends).
+    pub fn backend_name(&self) -> &'static str {
+        self.origin.backend.map(|b| b.name()).unwrap_or("")
     }
 
     /// The worker's log file, while the sandbox is live.
