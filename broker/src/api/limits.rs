@@ -222,7 +222,9 @@ pub fn from_request(
                 let bytes = parse_bytes(EPHEMERAL_STORAGE, v)?;
                 let max = match &bounds.max_disk {
                     Ok(max) => *max,
-                    Err(why) => return Err(LimitError::DiskUnsupported(format!("{why}; see `pvisor serve --disk-limit`"))),
+                    Err(why) => {
+                        return Err(LimitError::DiskUnsupported(format!("{why}; see `pvisor serve --disk-limit`")))
+                    }
                 };
                 l.disk_bytes = check(EPHEMERAL_STORAGE, v, bytes, MIN_DISK, max, show_bytes)?;
             }

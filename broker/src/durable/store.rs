@@ -14,9 +14,9 @@
 //! (after a reboot every sandbox is `Terminated`); a record torn by it is
 //! skipped with a warning at load. Snapshot and volume records, which do
 //! outlive a reboot, keep their synchronous fsyncs.
-use pvisor_fstree::replace::{replace_file, Durability};
 use super::proc::ProcId;
 use chrono::{DateTime, Utc};
+use pvisor_fstree::replace::{replace_file, Durability};
 use pvisor_worker::cgroup::GroupPaths;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

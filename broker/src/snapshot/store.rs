@@ -3,8 +3,8 @@
 //! rename, fsync of the directory), so a snapshot survives a broker restart.
 //! A record left `Creating` by a broker that died is `Failed` at the next
 //! start (its capture is gone with that broker).
-use pvisor_fstree::replace::{replace_file, Durability};
 use chrono::{DateTime, Utc};
+use pvisor_fstree::replace::{replace_file, Durability};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
