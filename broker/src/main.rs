@@ -100,6 +100,19 @@ enum Cmd {
         #[arg(long, value_name = "SIZE", default_value = sandbox::disk::DEFAULT_LIMIT,
               value_parser = parse_disk_limit)]
         disk_limit: u64,
+        /// Opt every ns sandbox into kernel same-page merging (KSM), and turn
+        /// the host's KSM on where this broker may (root): identical pages of
+        /// sandboxes are then shared. Costs ksmd CPU, and merged pages can
+        /// leak through write timing across sandboxes (see README).
+        #[arg(long)]
+        memory_merge: bool,
+    },
+    /// Show kernel same-page merging: the host's ksmd and each sandbox's merged pages.
+    MemoryMerge {
+        #[command(flatten)]
+        server: ServerArg,
+        #[arg(long)]
+        json: bool,
     },
     /// Explain what this host supports and which backend `auto` picks.
     Doctor {
@@ -288,6 +301,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             stop_sandboxes_on_exit,
             http,
             disk_limit,
+            memory_merge,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -309,6 +323,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 stop_sandboxes_on_exit,
                 http: *http,
                 disk_limit,
+                memory_merge,
             })
             .await?;
         }
@@ -330,6 +345,9 @@ async fn run(cli: Cli) -> Result<i32, String> {
         Cmd::Image { cmd: ImageCmd::Du { pool, json } } => cli::image::du(&cli::image::pool(pool.data_dir)?, json)?,
         Cmd::Volume { cmd } => volume_cmd(cmd)?,
         Cmd::Ps(s) => cli::ps(&cli::client::Client::new(&s.server)).await?,
+        Cmd::MemoryMerge { server, json } => {
+            cli::memory_merge::show(&cli::client::Client::new(&server.server), json).await?
+        }
         Cmd::Exec { server, id, command } => {
             return cli::exec::exec(&cli::client::Client::new(&server.server), &id, &command).await
         }

@@ -3,6 +3,7 @@ pub mod client;
 pub mod doctor;
 pub mod exec;
 pub mod image;
+pub mod memory_merge;
 pub mod snapshot;
 pub mod volume;
 
