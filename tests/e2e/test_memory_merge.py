@@ -1,0 +1,174 @@
+"""Memory merging (issue 13, ns): `pvisor serve --memory-merge` opts every
+sandbox into kernel same-page merging and turns the host's KSM on.
+
+Four sandboxes hold the same 64 MiB of deterministic data (bench/peer/hold,
+one word pattern for all): their merged page counts rise, the charge of
+their four memory cgroups drops well below four copies, and after each
+rewrites its data uniquely every word verifies (no corruption through
+merging). Sandboxes of a server without the flag hold the same data while
+ksmd runs and merge nothing. The host's KSM settings are put back when the
+server stops with no sandbox left.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from opensandbox.models.execd import RunCommandOpts
+from opensandbox.sync.sandbox import SandboxSync
+
+from conftest import _make_conn, _start_server
+from e2e_util import BUSYBOX, REPO_ROOT, dataplane, sh, wait_until
+
+KSM = Path("/sys/kernel/mm/ksm")
+MiB = 1 << 20
+HOLD_MIB = 64
+PAGE = os.sysconf("SC_PAGE_SIZE")
+PAGES = HOLD_MIB * MiB // PAGE
+RES = {"cpu": "1", "memory": "512Mi"}
+
+GAMMA = 0x9E3779B97F4A7C15
+SHARED_SEED = 0x5EED5EED5EED5EED
+M64 = (1 << 64) - 1
+
+pytestmark = [
+    pytest.mark.skipif(not (KSM / "run").exists(), reason="this kernel has no KSM (/sys/kernel/mm/ksm)"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="turning the host's KSM on needs a root broker"),
+]
+
+
+def _mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def _fnv1a(s: str) -> int:
+    h = 0xCBF29CE484222325
+    for c in s.encode():
+        h = ((h ^ c) * 0x100000001B3) & M64
+    return h
+
+
+def expected(kind: str, seed: int, words: int) -> str:
+    """What hold writes after verifying `words` words of the sequence of `seed`."""
+    return f"{kind} {words} {_mix64((seed + GAMMA) & M64):016x} {_mix64((seed + words * GAMMA) & M64):016x}"
+
+
+def build_hold(tmp: Path) -> bytes:
+    """bench/peer/hold/hold.c, static, so it runs in any image."""
+    exe = tmp / "hold"
+    subprocess.run(["gcc", "-static", "-O2", "-s", "-o", str(exe), str(REPO_ROOT / "bench/peer/hold/hold.c")],
+                   check=True)
+    return exe.read_bytes()
+
+
+def start_hold(sb: SandboxSync, hold: bytes, mib: int, token: str) -> None:
+    sb.files.write_file("/tmp/hold", hold, mode=755)
+    sb.commands.run(f"/tmp/hold {mib} {token} /tmp", opts=RunCommandOpts(background=True))
+
+
+def cat(sb: SandboxSync, path: str) -> str:
+    return sh(sb, f"cat {path} 2>/dev/null || true").strip()
+
+
+def metrics(sb: SandboxSync) -> dict:
+    url, headers = dataplane(sb)
+    r = httpx.get(f"{url}/metrics", headers=headers, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def ksm_file(name: str) -> int:
+    return int((KSM / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def merge_server(tmp_path_factory):
+    before = {k: (KSM / k).read_text() for k in ("run", "pages_to_scan", "sleep_millisecs")}
+    srv = _start_server(tmp_path_factory, "pvisor-merge", ["busybox.tar"], {},
+                        ["--memory-merge", "--stop-sandboxes-on-exit", "--warm-workers", "1"])
+    yield srv, before
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def hold(tmp_path_factory) -> bytes:
+    return build_hold(tmp_path_factory.mktemp("hold"))
+
+
+@pytest.mark.deadline(400)
+def test_identical_memory_of_four_sandboxes_merges_and_survives_unique_rewrites(merge_server, sandbox, hold):
+    srv, _ = merge_server
+    conn = _make_conn(srv.addr)
+    assert ksm_file("run") == 1, "the broker turned KSM on"
+    assert ksm_file("pages_to_scan") == 1000 and ksm_file("sleep_millisecs") == 20
+    boxes = [sandbox(BUSYBOX, conn=conn, resource=RES) for _ in range(4)]
+    idle = sum(metrics(sb)["mem_used_mib"] for sb in boxes)
+    assert all(metrics(sb)["memory_merge"] is True for sb in boxes)
+    # The init's opt-in reaches every process the sandbox starts (here: the agent's shell's cat).
+    assert "ksm_merge_any: yes" in sh(boxes[0], "cat /proc/self/ksm_stat")
+    tokens = [uuid.uuid4().hex for _ in boxes]
+    for sb, tok in zip(boxes, tokens):
+        start_hold(sb, hold, HOLD_MIB, tok)
+    words = HOLD_MIB * MiB // 8
+    for sb in boxes:
+        got = wait_until(lambda: cat(sb, "/tmp/hold.ready"), 60, 0.5, "hold.ready")
+        assert got == expected("identical", SHARED_SEED, words), got
+
+    # ksmd merges within a few full scans: every sandbox's 64 MiB ends up backed by merged pages.
+    def merged():
+        m = [metrics(sb) for sb in boxes]
+        pages = [x["ksm_merging_pages"] for x in m]
+        return m if min(pages) >= 0.9 * PAGES else None
+    m = wait_until(merged, 180, 1.0, f"each sandbox's {PAGES} pages merged")
+    held = sum(x["mem_used_mib"] for x in m) - idle
+    # Four copies would be 256 MiB more than idle; one shared copy plus bookkeeping is far less.
+    assert held < 2 * HOLD_MIB, f"4 x {HOLD_MIB} MiB identical data still charge {held:.1f} MiB over idle"
+    total = httpx.get(f"{srv.url}/pvisor/memory-merge", timeout=30).json()
+    assert total["enabled"] is True and total["control"] == {"control": "pvisor"}, total
+    assert total["host"]["pages_sharing"] >= 3 * 0.9 * PAGES, total["host"]
+    ours = {s["id"]: s for s in total["sandboxes"]}
+    assert all(ours[sb.id]["merging_pages"] >= 0.9 * PAGES for sb in boxes), ours
+    cli = subprocess.run([str(srv.binary), "memory-merge", "--server", srv.addr], capture_output=True, text=True,
+                         check=True).stdout
+    assert "memory merge: on" in cli and all(sb.id in cli for sb in boxes), cli
+
+    # Each rewrites its data uniquely (writes into merged pages break them apart) and verifies every word.
+    for sb in boxes:
+        sh(sb, "kill -USR1 $(cat /tmp/hold.pid)")
+    for sb, tok in zip(boxes, tokens):
+        got = wait_until(lambda: cat(sb, "/tmp/hold.unique"), 120, 0.5, "hold.unique")
+        assert got == expected("ok", _fnv1a(tok), words), f"{sb.id}: {got}"
+    after = [metrics(sb)["ksm_merging_pages"] for sb in boxes]
+    assert max(after) < 0.1 * PAGES, f"unique data stays merged: {after}"
+
+
+@pytest.mark.deadline(300)
+def test_sandboxes_of_a_server_without_the_flag_merge_nothing(merge_server, sandbox, conn, hold):
+    # ksmd runs (the merge server turned it on); the suite's server has no --memory-merge.
+    assert ksm_file("run") == 1
+    boxes = [sandbox(BUSYBOX, resource=RES) for _ in range(2)]
+    for sb in boxes:
+        start_hold(sb, hold, 16, uuid.uuid4().hex)
+    for sb in boxes:
+        wait_until(lambda: cat(sb, "/tmp/hold.ready"), 60, 0.5, "hold.ready")
+    start = ksm_file("full_scans")
+    wait_until(lambda: ksm_file("full_scans") >= start + 3, 180, 0.5, "three full KSM scans")
+    for sb in boxes:
+        m = metrics(sb)
+        assert m["memory_merge"] is False and m["ksm_merging_pages"] == 0, m
+        # Nothing in the sandbox is marked mergeable.
+        assert "ksm_merge_any: no" in sh(sb, "cat /proc/self/ksm_stat"), "the init opted in without the flag"
+
+
+def test_the_hosts_settings_come_back_at_a_stop_without_sandboxes(merge_server):
+    srv, before = merge_server
+    srv.stop()
+    after = {k: (KSM / k).read_text() for k in before}
+    assert after == before, (before, after)
+    assert not (srv.data_dir / "state" / "ksm-previous.json").exists()
