@@ -7,7 +7,8 @@ their four memory cgroups drops well below four copies, and after each
 rewrites its data uniquely every word verifies (no corruption through
 merging). Sandboxes of a server without the flag hold the same data while
 ksmd runs and merge nothing. The host's KSM settings are put back when the
-server stops with no sandbox left.
+server stops with no sandbox left; an unprivileged broker leaves them alone
+and reports whether KSM runs, and its sandboxes are mergeable all the same.
 """
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ import pytest
 from opensandbox.models.execd import RunCommandOpts
 from opensandbox.sync.sandbox import SandboxSync
 
-from conftest import _make_conn, _start_server
-from e2e_util import BUSYBOX, REPO_ROOT, dataplane, sh, wait_until
+from conftest import _make_conn, _start_server, free_port, images_dir, pvisor_bin
+from e2e_util import BUSYBOX, REPO_ROOT, dataplane, sh, wait_healthy, wait_until
+from test_nonroot import delegated  # noqa: F401 (fixture)
+from user_files import binary_for_others, for_others
 
 KSM = Path("/sys/kernel/mm/ksm")
 MiB = 1 << 20
@@ -172,3 +175,43 @@ def test_the_hosts_settings_come_back_at_a_stop_without_sandboxes(merge_server):
     after = {k: (KSM / k).read_text() for k in before}
     assert after == before, (before, after)
     assert not (srv.data_dir / "state" / "ksm-previous.json").exists()
+
+
+@pytest.mark.deadline(180)
+def test_an_unprivileged_broker_leaves_the_hosts_ksm_alone_and_says_so(delegated, tmp_path):
+
+    pw, groups, data = delegated
+    before = {k: (KSM / k).read_text() for k in ("run", "pages_to_scan", "sleep_millisecs")}
+    binary = binary_for_others(pvisor_bin())
+    archive = for_others(images_dir() / "busybox.tar")
+    port = free_port()
+    join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in groups)
+    user_cmd = (f"{binary} image import {archive} --data-dir {data} && exec {binary} serve --listen 127.0.0.1:{port} "
+                f"--data-dir {data} --memory-merge --stop-sandboxes-on-exit")
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            ["bash", "-c", f"{join}; exec setpriv --reuid={pw.pw_uid} --regid={pw.pw_gid} --clear-groups "
+                           f"bash -c '{user_cmd}'"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_healthy(port, proc, log_path.read_text)
+            state = httpx.get(f"http://127.0.0.1:{port}/pvisor/memory-merge", timeout=30).json()
+            assert state["enabled"] is True, state
+            if before["run"].strip() == "1":
+                assert state["control"] == {"control": "host"}, state
+            else:
+                assert state["control"]["control"] == "off", state
+                assert "may not turn it on" in state["control"]["reason"], state
+                assert "KSM is off" in log_path.read_text()
+            sb = SandboxSync.create("busybox", connection_config=_make_conn(f"127.0.0.1:{port}"),
+                                    resource={"cpu": "1", "memory": "128Mi"})
+            try:
+                # The opt-in needs no privilege: the sandbox is mergeable all the same.
+                assert "ksm_merge_any: yes" in sh(sb, "cat /proc/self/ksm_stat")
+            finally:
+                sb.kill()
+        finally:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=30)
+    assert {k: (KSM / k).read_text() for k in before} == before, "an unprivileged broker changed the host's KSM"
