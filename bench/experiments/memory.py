@@ -20,7 +20,7 @@ settings at its stop, so the other sides run with KSM off). In its hold_same
 phase the harness first waits (bounded by --merge-wait) until ksmd has merged
 what it can (host `pages_sharing` within 1% of its value a full scan earlier),
 and records how long that took (the samples of that wait belong to no
-phase). For every side the CPU time ksmd spent
+phase, nor do those between hold_same and the end of the unique rewrites). For every side the CPU time ksmd spent
 (/proc/<ksmd>/stat utime+stime) is recorded per phase.
 
 Charged memory (memory.usage_in_bytes on v1, memory.current on v2) is sampled
@@ -239,6 +239,9 @@ def one_round(svc, cg: ProductCgroup, args, hold_bytes: bytes, rng: random.Rando
                 f"(pages_sharing {ksm_counter('pages_sharing')})")
         phase("hold_same")
         settle()
+        # Its own mark: hold_same ends before any rewrite begins (the rewrites
+        # unmerge pages on the merge side while the harness waits for them).
+        phase("rewriting")
         for sb in boxes:
             CURRENT.update(sandbox=sb.id, step="signal hold")
             ex = sb.commands.run("kill -USR1 $(cat /tmp/hold.pid)")
