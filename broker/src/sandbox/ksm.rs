@@ -15,11 +15,13 @@
 //! [`PAGES_TO_SCAN`] pages, i.e. up to 50 000 pages (195 MiB) a second
 //! instead of the kernel's default 5 000. A page merges on the scan after
 //! the one that found its content stable, so 4 × 64 MiB of identical data
-//! (65 536 pages) merges within about three full passes: ~4 s here, against
-//! ~40 s at the default rate (bench/results/2026-12-01-memory-merge). The
-//! cost is ksmd's CPU while there is mergeable memory to walk (measured
-//! there); `smart_scan` (on by default since 6.7) makes it skip pages that
-//! repeatedly failed to merge.
+//! (65 536 pages) merges within a few full passes: 6–10 s measured on the
+//! busy 2-core development host for 0.5 s of ksmd CPU
+//! (bench/results/2026-12-01-memory-merge), where the kernel's default rate
+//! would take about ten times as long. The cost is ksmd's CPU while there is
+//! mergeable memory to walk (about 2% of a core holding those pages merged,
+//! more while they change); `smart_scan` (on by default since 6.7) makes it
+//! skip pages that repeatedly failed to merge.
 //!
 //! At a clean stop that leaves no sandbox running (`--stop-sandboxes-on-exit`,
 //! or none were left) the saved settings are written back and the file

@@ -27,7 +27,10 @@
 //!   for a number that is a sample anyway.
 //!
 //! Without a memory cgroup the file stays what [`render`] makes of an empty
-//! group (the whole limit free).
+//! group (the whole limit free). `sysinfo(2)` is a system call, not a file:
+//! it still reports the host's RAM, so tools that take totals from it
+//! (busybox `free`) show the host's total and free memory (and only
+//! `available` and `buff/cache` from this file), as under LXCFS.
 use crate::cgroup::GroupPaths;
 use std::collections::BTreeMap;
 use std::fs::File;
