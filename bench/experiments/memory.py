@@ -13,6 +13,16 @@ touches), new cgroup, service started inside it. Phases:
   hold_same    each of the 4 runs `hold`: 64 MiB of identical deterministic data
   hold_unique  each rewrites its 64 MiB with instance-unique data, verified word by word
 
+Memory merging (issue 13): with --merge (the default) a third side,
+`pvisor-merge`, is pvisor with `serve --memory-merge` (every sandbox opted into
+KSM; the broker turns the host's ksmd on at start and restores the host's
+settings at its stop, so the other sides run with KSM off). In its hold_same
+phase the harness first waits (bounded by --merge-wait) until ksmd has merged
+what it can (host `pages_sharing` within 1% of its value a full scan earlier),
+and records how long that took (the samples of that wait belong to no
+phase, nor do those between hold_same and the end of the unique rewrites). For every side the CPU time ksmd spent
+(/proc/<ksmd>/stat utime+stime) is recorded per phase.
+
 Charged memory (memory.usage_in_bytes on v1, memory.current on v2) is sampled
 every 500 ms; a phase's value is the median of its samples in the final 2 s of
 the phase. Reported: medians over rounds with min–max, and the amortized
@@ -22,6 +32,8 @@ started as a background command, identically on both sides.
 """
 from __future__ import annotations
 
+import argparse
+import os
 import random
 import subprocess
 import threading
@@ -40,6 +52,50 @@ from lib.stats import median
 
 PHASES = ("empty", "idle1", "idle4", "hold_same", "hold_unique")
 MiB = 2 ** 20
+KSM = "/sys/kernel/mm/ksm"
+MERGE_SIDE = "pvisor-merge"
+
+
+def ksm_counter(name: str) -> int:
+    try:
+        with open(f"{KSM}/{name}") as f:
+            return int(f.read())
+    except OSError:
+        return 0
+
+
+def ksmd_cpu_s() -> float:
+    """CPU seconds ksmd has used since boot (utime + stime), 0 without ksmd."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat.split(" ", 2)[1] == "(ksmd)":
+            fields = stat.rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+def wait_merged(timeout: float) -> float:
+    """Waits until ksmd has merged what it can: host pages_sharing settled
+    (within 1% of its value one full scan earlier, and above zero). Returns
+    the seconds it took (the timeout if it never settled)."""
+    t0 = time.monotonic()
+    prev_scan, prev = ksm_counter("full_scans"), -1
+    while time.monotonic() - t0 < timeout:
+        time.sleep(0.5)
+        scan = ksm_counter("full_scans")
+        if scan == prev_scan:
+            continue
+        now = ksm_counter("pages_sharing")
+        if now > 0 and prev >= 0 and abs(now - prev) <= 0.01 * now:
+            return round(time.monotonic() - t0, 2)
+        prev_scan, prev = scan, now
+    return timeout
 
 GAMMA = 0x9E3779B97F4A7C15
 SHARED_SEED = 0x5EED5EED5EED5EED
@@ -72,6 +128,10 @@ def add_args(p) -> None:
     p.add_argument("--mem-limit-mib", type=int, default=6144, help="product cgroup memory ceiling (both sides)")
     p.add_argument("--cpus", type=float, default=2.0, help="product cgroup CPU ceiling (both sides)")
     p.add_argument("--no-drop-caches", action="store_true")
+    p.add_argument("--merge", action=argparse.BooleanOptionalAction, default=True,
+                   help=f"also run pvisor with --memory-merge as side {MERGE_SIDE!r}")
+    p.add_argument("--merge-wait", type=float, default=120.0,
+                   help="longest wait for ksmd to merge the identical data (merge side only)")
 
 
 class Sampler(threading.Thread):
@@ -113,7 +173,8 @@ def cat(sb: SandboxSync, path: str) -> str:
 
 
 def one_round(svc, cg: ProductCgroup, args, hold_bytes: bytes, rng: random.Random) -> dict:
-    rec = {"side": svc.name, "ok": False, "phases": {}, "marks": []}
+    rec = {"side": svc.name, "ok": False, "phases": {}, "marks": [], "ksmd_cpu_marks": [],
+           "pages_sharing_marks": []}
     svc.cgroup = cg
     if hasattr(svc, "dockerd"):
         svc.dockerd.cgroup = cg
@@ -129,6 +190,8 @@ def one_round(svc, cg: ProductCgroup, args, hold_bytes: bytes, rng: random.Rando
     def phase(name):
         sampler.phase = name
         rec["marks"].append((round(time.monotonic() - t0, 3), name))
+        rec["ksmd_cpu_marks"].append(ksmd_cpu_s())
+        rec["pages_sharing_marks"].append(ksm_counter("pages_sharing"))
 
     def settle():
         time.sleep(args.phase_seconds)
@@ -168,8 +231,17 @@ def one_round(svc, cg: ProductCgroup, args, hold_bytes: bytes, rng: random.Rando
             got = until(lambda: cat(sb, "/tmp/hold.ready"), 120, "hold.ready")
             if got != want:
                 raise AssertionError(f"hold (identical) in {sb.id}: {got!r} != {want!r}")
+        if svc.name == MERGE_SIDE:
+            # Its own mark, so idle4 ends where it does on the other sides.
+            phase("merging")
+            rec["merge_wait_s"] = wait_merged(args.merge_wait)
+            log(f"  {svc.name}: ksmd merged in {rec['merge_wait_s']} s "
+                f"(pages_sharing {ksm_counter('pages_sharing')})")
         phase("hold_same")
         settle()
+        # Its own mark: hold_same ends before any rewrite begins (the rewrites
+        # unmerge pages on the merge side while the harness waits for them).
+        phase("rewriting")
         for sb in boxes:
             CURRENT.update(sandbox=sb.id, step="signal hold")
             ex = sb.commands.run("kill -USR1 $(cat /tmp/hold.pid)")
@@ -213,8 +285,15 @@ def one_round(svc, cg: ProductCgroup, args, hold_bytes: bytes, rng: random.Rando
         rec["pids_left"] = len(cg.pids())
         cg.destroy()
     marks = rec["marks"]
+    cpu = rec["ksmd_cpu_marks"]
+    if len(cpu) >= 2:
+        rec["ksmd_cpu_round_s"] = round(cpu[-1] - cpu[0], 3)
     for i, (t, name) in enumerate(marks):
-        if name not in PHASES or i + 1 >= len(marks):
+        if i + 1 >= len(marks):
+            continue
+        rec.setdefault("ksmd_cpu_s", {})[name] = round(cpu[i + 1] - cpu[i], 3)
+        rec.setdefault("pages_sharing", {})[name] = rec["pages_sharing_marks"][i + 1]
+        if name not in PHASES:
             continue
         end = marks[i + 1][0]
         window = [u for (ts, u, ph) in rec["samples"] if ph == name and end - 2.0 <= ts <= end]
@@ -233,6 +312,12 @@ def run(args) -> dict:
            "drop_caches": not args.no_drop_caches, "hold_sha256": sha256_file(hold),
            "results": {}}
     with opened_sides(args, work, [args.image]) as sides:
+        if args.merge:
+            from lib.pvisor_side import PvisorService
+            merge = PvisorService(work / MERGE_SIDE, [args.image], pvisor=sides["pvisor"].pvisor,
+                                  serve_args=["--memory-merge"])
+            merge.name = MERGE_SIDE
+            sides[MERGE_SIDE] = merge
         names = list(sides)
         if "peer" in sides:
             sides["peer"].dockerd.stop()  # restarted inside its product cgroup each round
@@ -272,6 +357,14 @@ def summarize(results: dict) -> dict:
         s["per_sandbox_idle4"] = {"n": len(inc), "median": median(inc) if inc else None,
                                   "min": min(inc, default=None), "max": max(inc, default=None), "values": inc}
         s["increment_idle1"] = {"median": median(inc1) if inc1 else None, "values": inc1}
+        s["ksmd_cpu_s"] = {}
+        rr = [r["ksmd_cpu_round_s"] for r in rounds if r.get("ksmd_cpu_round_s") is not None]
+        s["ksmd_cpu_round_s"] = {"median": median(rr) if rr else None, "values": rr}
+        for p in PHASES + ("merging",):
+            v = [r["ksmd_cpu_s"][p] for r in rounds if (r.get("ksmd_cpu_s") or {}).get(p) is not None]
+            s["ksmd_cpu_s"][p] = {"median": median(v) if v else None, "values": v}
+        w = [r["merge_wait_s"] for r in rounds if r.get("merge_wait_s") is not None]
+        s["merge_wait_s"] = {"median": median(w) if w else None, "values": w}
         out[n] = s
     return out
 
@@ -288,6 +381,7 @@ def report(res: dict, out) -> str:
     from lib.svg import dots_boxes, timeseries
     summ = res["summary"]
     names = [n for n in ("pvisor", "peer") if n in summ]
+    merge = summ.get(MERGE_SIDE)
 
     def cell(d):
         if d["median"] is None or d["min"] is None:
@@ -311,6 +405,29 @@ def report(res: dict, out) -> str:
         a, b = summ["pvisor"]["per_sandbox_idle4"]["median"], summ["peer"]["per_sandbox_idle4"]["median"]
         row += f" {a / b:.3f} |" if a and b else " – |"
     lines.append(row)
+    if merge:
+        lines += ["", f"#### Memory merging: pvisor `serve --memory-merge` (side `{MERGE_SIDE}`, same run, same rounds)", "",
+                  "| phase | pvisor, merging off | pvisor, merging on | on / off | on / peer | ksmd CPU s in phase (on) |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for p in PHASES:
+            on, off = merge["phases"][p]["median"], summ["pvisor"]["phases"][p]["median"]
+            peer = summ["peer"]["phases"][p]["median"] if "peer" in summ else None
+            cpu = merge["ksmd_cpu_s"][p]["median"]
+            lines.append(f"| {LABELS[p]} | {cell(summ['pvisor']['phases'][p])} | {cell(merge['phases'][p])} | "
+                         + (f"{on / off:.3f}" if on and off else "–") + " | "
+                         + (f"{on / peer:.3f}" if on and peer else "–") + " | "
+                         + (f"{cpu:.2f}" if cpu is not None else "–") + " |")
+        w = merge["merge_wait_s"]
+        mc = merge["ksmd_cpu_s"]["merging"]
+        lines += ["", f"Time from the last `hold.ready` until ksmd's merging settled (before the hold_same "
+                  f"phase's {res['phase_seconds']} s): median {w['median']} s, rounds {w['values']}; ksmd CPU "
+                  f"in that wait: median {mc['median']} s, rounds {mc['values']}. ksmd CPU over a whole round: "
+                  + ", ".join(f"{n} {summ[n]['ksmd_cpu_round_s']['median']} s"
+                              for n in names + [MERGE_SIDE]) + " (KSM is off while the other sides run)."]
+        if merge["failed"]:
+            for r in res["results"][MERGE_SIDE]:
+                if not r["ok"]:
+                    lines.append(f"- {MERGE_SIDE} round {r['round']} failed: {r.get('error')}")
     cg = res.get("cgroup", {})
     lines += ["", f"Failed rounds: " + ", ".join(f"{n}: {summ[n]['failed']} of {summ[n]['rounds']}" for n in names)
               + " (a failed round's phases that completed before the failure are included; n is shown where a "
@@ -328,14 +445,15 @@ def report(res: dict, out) -> str:
                               for r in res["results"][n]]) for n in names]} for p in PHASES]
     dots_boxes(out / "memory.svg", "Memory charged to each side's product cgroup, by phase", "MiB", panels,
                note="dots: rounds (lines join rounds with the same index); boxes: quartiles, whiskers: min-max")
-    for n in names:
+    plotted = names + ([MERGE_SIDE] if merge else [])
+    for n in plotted:
         series = [{"label": f"{n} round {r['round']}", "side": n,
                    "points": [(t, u / MiB) for t, u, _ in r["samples"]]} for r in res["results"][n]]
         marks = list(res["results"][n][0]["marks"]) if res["results"][n] else []
         timeseries(out / f"memory-timeline-{n}.svg", f"{n}: charged memory over each round (500 ms samples)",
                    "MiB", series, markers=marks, note="t = 0: round start (before the service starts); "
                    "phase markers from round 0")
-    lines += ["", "![memory](memory.svg)", ""] + [f"![memory timeline {n}](memory-timeline-{n}.svg)" for n in names] + [""]
+    lines += ["", "![memory](memory.svg)", ""] + [f"![memory timeline {n}](memory-timeline-{n}.svg)" for n in plotted] + [""]
     return "\n".join(lines)
 
 
@@ -351,4 +469,12 @@ def targets(res: dict) -> list[str]:
     a, b = s["pvisor"]["per_sandbox_idle4"]["median"], s["peer"]["per_sandbox_idle4"]["median"]
     if a and b:
         rows.append(target_row("memory: amortized increment, 4 idle sandboxes", a / b, 0.5))
+    m = s.get(MERGE_SIDE)
+    if m:
+        a, b = m["phases"]["hold_same"]["median"], s["peer"]["phases"]["hold_same"]["median"]
+        if a and b:
+            rows.append(target_row("memory: 4 × 64 MiB identical, merging on vs peer", a / b, 0.25))
+        a, b = m["phases"]["hold_unique"]["median"], s["pvisor"]["phases"]["hold_unique"]["median"]
+        if a and b:
+            rows.append(target_row("memory: 4 × 64 MiB unique, merging on vs off", a / b, 1.0))
     return rows

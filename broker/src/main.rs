@@ -105,6 +105,19 @@ enum Cmd {
         /// (one JSON object per line, for log shippers).
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
+        /// Opt every ns sandbox into kernel same-page merging (KSM), and turn
+        /// the host's KSM on where this broker may (root): identical pages of
+        /// sandboxes are then shared. Costs ksmd CPU, and merged pages can
+        /// leak through write timing across sandboxes (see README).
+        #[arg(long)]
+        memory_merge: bool,
+    },
+    /// Show kernel same-page merging: the host's ksmd and each sandbox's merged pages.
+    MemoryMerge {
+        #[command(flatten)]
+        server: ServerArg,
+        #[arg(long)]
+        json: bool,
     },
     /// Explain what this host supports and which backend `auto` picks.
     Doctor {
@@ -339,6 +352,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             http,
             disk_limit,
             log_format: _,
+            memory_merge,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -360,6 +374,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 stop_sandboxes_on_exit,
                 http: *http,
                 disk_limit,
+                memory_merge,
             })
             .await?;
         }
@@ -381,6 +396,9 @@ async fn run(cli: Cli) -> Result<i32, String> {
         Cmd::Image { cmd: ImageCmd::Du { pool, json } } => cli::image::du(&cli::image::pool(pool.data_dir)?, json)?,
         Cmd::Volume { cmd } => volume_cmd(cmd)?,
         Cmd::Ps { server, json } => cli::ps(&cli::client::Client::new(&server.server), json).await?,
+        Cmd::MemoryMerge { server, json } => {
+            cli::memory_merge::show(&cli::client::Client::new(&server.server), json).await?
+        }
         Cmd::Exec { server, id, command, interactive, tty } => {
             let c = cli::client::Client::new(&server.server);
             return match (interactive, tty) {

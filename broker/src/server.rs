@@ -71,6 +71,9 @@ pub struct Ctx {
     pub guard: Arc<Guard>,
     /// Concurrent creates and sandboxes per server.
     pub admission: Admission,
+    /// `--memory-merge`: ns sandboxes are mergeable; the host's KSM as
+    /// this broker found and set it.
+    pub memory_merge: Option<crate::sandbox::ksm::HostKsm>,
 }
 
 impl Ctx {
@@ -113,6 +116,8 @@ pub struct ServeOptions {
     pub http: HttpLimits,
     /// `--disk-limit` in bytes (0: no disk bound).
     pub disk_limit: u64,
+    /// `--memory-merge`.
+    pub memory_merge: bool,
 }
 
 /// `/var/lib/pvisor` for root, else the user's data directory.
@@ -343,6 +348,26 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         disks.max_bytes().ok_or_else(|| disks.unavailable().unwrap_or("no disk bound").to_string()),
     );
     let default_limits = Limits { disk_bytes: disks.default_bytes, ..Limits::default() };
+    let memory_merge = match o.memory_merge {
+        false => None,
+        true => {
+            let k =
+                crate::sandbox::ksm::HostKsm::start(Path::new(crate::sandbox::ksm::KSM_DIR), &o.data_dir.join("state"))
+                    .map_err(|e| e.to_string())?;
+            match &k.control {
+                crate::sandbox::ksm::Control::Pvisor => tracing::info!(
+                    pages_to_scan = crate::sandbox::ksm::PAGES_TO_SCAN,
+                    sleep_millisecs = crate::sandbox::ksm::SLEEP_MILLISECS,
+                    "memory merge: KSM on, sandboxes mergeable"
+                ),
+                crate::sandbox::ksm::Control::Host => {
+                    tracing::info!("memory merge: KSM runs with the host's settings; sandboxes mergeable")
+                }
+                crate::sandbox::ksm::Control::Off { reason } => tracing::warn!("memory merge: {reason}"),
+            }
+            Some(k)
+        }
+    };
     let ctx = Ctx {
         listen: o.listen,
         data_dir: o.data_dir,
@@ -374,8 +399,20 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         guard: Guard::new(&o.http),
         admission: Admission::new(o.http.max_concurrent_creates, o.http.max_sandboxes),
         http: o.http,
+        memory_merge,
     };
     Ok((ctx, recovery.found))
+}
+
+/// Puts the host's KSM settings back once no sandbox of this broker runs
+/// (crate::sandbox::ksm).
+fn restore_ksm(ctx: &Ctx) {
+    if let Some(k) = &ctx.memory_merge {
+        match k.restore() {
+            Ok(()) => tracing::info!("memory merge: the host's KSM settings are restored"),
+            Err(e) => tracing::warn!("memory merge: restoring the host's KSM settings: {e}"),
+        }
+    }
 }
 
 async fn shutdown_signal() {
@@ -423,7 +460,11 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
         let in_use = in_use.collect();
         let c = ctx.clone();
         let _ = tokio::task::spawn_blocking(move || c.mounts.reap(&in_use, std::time::Duration::ZERO)).await;
-        tracing::info!(sandboxes = ctx.registry.list().len(), "pvisor stopped; sandboxes keep running");
+        let left = ctx.registry.list().len();
+        if left == 0 {
+            restore_ksm(&ctx);
+        }
+        tracing::info!(sandboxes = left, "pvisor stopped; sandboxes keep running");
         return Ok(());
     }
     for e in ctx.registry.list() {
@@ -434,6 +475,7 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
     }
     ctx.pool.drain();
     ctx.mounts.shutdown();
+    restore_ksm(&ctx);
     tracing::info!("pvisor stopped");
     Ok(())
 }

@@ -49,6 +49,9 @@ pub fn wait_child(pid: i32, exited: impl Fn(i32) -> SandboxExit) -> SandboxExit 
     }
 }
 
+/// How often the worker calls [`Sandbox::refresh_views`].
+pub const VIEW_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A running sandbox, owned by its worker.
 pub trait Sandbox: Send + Sync {
     /// Backend name reported to the broker ("ns", "vm").
@@ -70,6 +73,12 @@ pub trait Sandbox: Send + Sync {
     /// The last lines the sandbox wrote to its console, for error reports.
     fn console_tail(&self) -> String {
         String::new()
+    }
+    /// Brings what the sandbox sees of its own resources up to date (ns:
+    /// its `/proc/meminfo`); called about once a second
+    /// ([`VIEW_REFRESH`]). Nothing by default.
+    fn refresh_views(&self) -> Result<()> {
+        Ok(())
     }
 }
 

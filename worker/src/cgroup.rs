@@ -28,6 +28,21 @@ fn read(path: &Path) -> Option<String> {
     fs::read_to_string(path).ok().map(|s| s.trim().to_string())
 }
 
+/// `memory.stat` lines (`key value`); on v1 only the hierarchical
+/// `total_` keys, renamed without the prefix.
+fn parse_memory_stat(text: &str, v1: bool) -> BTreeMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            let k = match v1 {
+                true => k.strip_prefix("total_")?,
+                false => k,
+            };
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
 /// Where the calling process sits, per hierarchy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Layout {
@@ -338,6 +353,18 @@ impl GroupPaths {
         }
     }
 
+    /// The whole group's `memory.stat`, in bytes: v2's keys as they are,
+    /// v1's hierarchical `total_*` keys with the prefix stripped (so `rss`,
+    /// `cache`, `mapped_file`, ... cover the worker and sandbox leaves).
+    pub fn memory_stat(&self) -> Option<BTreeMap<String, u64>> {
+        let (text, v1) = match (&self.v2, self.v1.get("memory")) {
+            (Some(d), _) => (read(&d.join("memory.stat"))?, false),
+            (None, Some(d)) => (read(&d.join("memory.stat"))?, true),
+            _ => return None,
+        };
+        Some(parse_memory_stat(&text, v1))
+    }
+
     /// Peak charged memory of the whole group, in bytes.
     pub fn memory_peak(&self) -> Option<u64> {
         match (&self.v2, self.v1.get("memory")) {
@@ -437,6 +464,17 @@ mod tests {
         );
         assert_eq!(join_rel(Path::new("/sys/fs/cgroup"), "/a", "/a/b"), PathBuf::from("/sys/fs/cgroup/b"));
         assert_eq!(join_rel(Path::new("/sys/fs/cgroup"), "/", "/"), PathBuf::from("/sys/fs/cgroup"));
+    }
+
+    #[test]
+    fn memory_stat_v1_keeps_hierarchical_totals() {
+        let v1 = "cache 10\nrss 20\ntotal_cache 4096\ntotal_rss 8192\ntotal_mapped_file 12\n";
+        let m = parse_memory_stat(v1, true);
+        assert_eq!(m.get("cache"), Some(&4096));
+        assert_eq!(m.get("rss"), Some(&8192));
+        assert_eq!(m.len(), 3, "{m:?}");
+        let m = parse_memory_stat("anon 1\nfile 2\nfile_mapped 3\n", false);
+        assert_eq!((m["anon"], m["file"], m["file_mapped"]), (1, 2, 3));
     }
 
     /// Runs where a cgroup hierarchy is writable (as root on these hosts).

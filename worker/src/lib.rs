@@ -15,6 +15,7 @@ pub mod error;
 pub mod expiry;
 pub mod forward;
 pub mod harden;
+pub mod ksm;
 pub mod launch;
 pub mod netd;
 pub mod ns;

@@ -132,6 +132,25 @@ fn watch_lifeline(fd: RawFd, sandbox: Option<Arc<dyn Sandbox>>, outlive: bool) {
     });
 }
 
+/// Keeps the sandbox's views of itself current (backend::Sandbox::refresh_views);
+/// the first failure is logged, later ones of the same kind are not.
+fn refresh_views(sandbox: Arc<dyn Sandbox>) {
+    std::thread::spawn(move || {
+        let mut failing = false;
+        loop {
+            std::thread::sleep(backend::VIEW_REFRESH);
+            match sandbox.refresh_views() {
+                Ok(()) => failing = false,
+                Err(e) if !failing => {
+                    tracing::warn!("{e}");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+        }
+    });
+}
+
 /// Exits the worker when the sandbox ends (a crash unless shutting down).
 fn watch_sandbox(sandbox: Arc<dyn Sandbox>) {
     std::thread::spawn(move || {
@@ -219,6 +238,7 @@ fn main() {
     });
     if let Some(sb) = &sandbox {
         watch_sandbox(sb.clone());
+        refresh_views(sb.clone());
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| fail(e));
     rt.block_on(async move {

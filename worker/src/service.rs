@@ -100,11 +100,14 @@ impl Worker for WorkerService {
             *s = (Instant::now(), used);
             pct.clamp(0.0, 100.0)
         };
+        let ksm = crate::ksm::counts(&g.map(|g| g.pids()).unwrap_or_default());
         Ok(Response::new(MetricsReply {
             cpu_count,
             cpu_used_pct: pct,
             mem_total_bytes: self.limits.memory_bytes,
             mem_used_bytes: g.and_then(|g| g.memory_usage()).unwrap_or(0),
+            ksm_merging_pages: ksm.merging_pages,
+            ksm_profit_bytes: ksm.profit_bytes,
         }))
     }
 

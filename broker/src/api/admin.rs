@@ -1,6 +1,7 @@
-//! pvisor's own admin API for the CLI (`/pvisor/...`): images, and the
+//! pvisor's own admin API for the CLI (`/pvisor/...`): images, the
 //! sandboxes with what an operator needs to find them on the host (backend,
-//! worker pid, cgroup) for `pvisor ps`, and their figures for `pvisor stats`.
+//! worker pid, cgroup) for `pvisor ps`, their figures for `pvisor stats`, and
+//! memory merging.
 use super::error::ApiResult;
 use crate::api::error::ApiError;
 use crate::server::Ctx;
@@ -15,6 +16,7 @@ pub fn router() -> OpenApiRouter<Arc<Ctx>> {
         .routes(routes!(images))
         .routes(routes!(sandboxes))
         .routes(routes!(stats))
+        .routes(routes!(memory_merge))
         .route("/sandboxes/{id}/pty", axum::routing::get(super::pty::pty))
 }
 
@@ -127,4 +129,42 @@ async fn stats(State(ctx): State<Arc<Ctx>>) -> Json<Vec<SandboxStats>> {
         })
         .collect();
     Json(list)
+}
+
+/// Kernel same-page merging (`--memory-merge`): the host's ksmd (settings,
+/// who set them, merged and sharing pages) and each running sandbox's merged
+/// pages. `enabled` false: the server does not make sandboxes mergeable (the
+/// host's counters are still shown).
+#[utoipa::path(get, path = "/memory-merge", tag = "pvisor",
+    responses((status = 200, description = "the host's KSM and each sandbox's merged pages", body = Object)))]
+async fn memory_merge(State(ctx): State<Arc<Ctx>>) -> ApiResult<Json<serde_json::Value>> {
+    use crate::sandbox::ksm;
+    use pvisor_proto::worker::worker_client::WorkerClient;
+    let page = ksm::page_size();
+    let mut sandboxes = Vec::new();
+    for sb in ctx.registry.list() {
+        // A sandbox that is not running (or whose worker does not answer) is left out.
+        let Ok(channel) = sb.channel() else { continue };
+        let Ok(m) = WorkerClient::new(channel).metrics(pvisor_proto::worker::Empty {}).await else { continue };
+        let m = m.into_inner();
+        sandboxes.push(serde_json::json!({
+            "id": sb.id,
+            "merging_pages": m.ksm_merging_pages,
+            "merging_bytes": m.ksm_merging_pages * page,
+            "profit_bytes": m.ksm_profit_bytes,
+            "mem_used_bytes": m.mem_used_bytes,
+        }));
+    }
+    let (control, totals) = match &ctx.memory_merge {
+        Some(k) => (serde_json::to_value(&k.control).unwrap_or_default(), k.totals()),
+        None => (serde_json::Value::Null, ksm::HostKsm::observe(std::path::Path::new(ksm::KSM_DIR))),
+    };
+    Ok(Json(serde_json::json!({
+        "enabled": ctx.memory_merge.is_some(),
+        "control": control,
+        "page_size": page,
+        "host": totals,
+        "saved_bytes": totals.pages_sharing * page,
+        "sandboxes": sandboxes,
+    })))
 }

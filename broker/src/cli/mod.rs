@@ -6,6 +6,7 @@ pub mod endpoint;
 pub mod exec;
 pub mod image;
 pub mod logs;
+pub mod memory_merge;
 pub mod pty;
 pub mod snapshot;
 pub mod stats;

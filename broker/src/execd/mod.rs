@@ -153,6 +153,7 @@ async fn dispatch(ctx: Arc<Ctx>, inner: Router, p: HashMap<String, String>, mut 
         Err(_) => return ApiError::bad_request("invalid request path").into_response(),
     }
     req.extensions_mut().insert(sb);
+    req.extensions_mut().insert(metrics::MemoryMerge(ctx.memory_merge.is_some()));
     match inner.oneshot(req).await {
         Ok(r) => r,
         Err(never) => match never {},

@@ -64,6 +64,7 @@ fn backend_config(ctx: &Ctx, spec: &LaunchSpec, state_dir: &Path) -> Result<Back
                 .template(spec.limits.disk_bytes)?
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default(),
+            memory_merge: ctx.memory_merge.is_some(),
         })),
         RootFs::Disk(disk) => {
             let vm = ctx.vm.as_ref().map_err(|e| format!("the vm backend is not available on this server: {e}"))?;

@@ -6,6 +6,7 @@ pub mod egress;
 pub mod events;
 pub mod expiry;
 pub mod images;
+pub mod ksm;
 pub mod launch;
 pub mod net;
 pub mod pool;

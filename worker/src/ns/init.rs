@@ -39,6 +39,8 @@ pub struct InitArgs {
     /// Host files for `/proc` entries (super::procfs), opened before the
     /// identity change like the layers.
     pub proc_files: Vec<super::procfs::ProcFile>,
+    /// `NsConfig.memory_merge`: opt the sandbox into KSM (crate::ksm).
+    pub memory_merge: bool,
 }
 
 /// The sandbox's volumes as the init gets them.
@@ -142,6 +144,11 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our fds.
     if unsafe { libc::syscall(libc::SYS_close_range, AGENT_FD + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } != 0 {
         return Err(format!("close_range: {}", std::io::Error::last_os_error()));
+    }
+    // Last before the privilege drop: the flag survives the exec below and
+    // every fork after it, so each process of the sandbox is mergeable.
+    if a.memory_merge {
+        crate::ksm::merge_this_process().map_err(|e| format!("prctl(PR_SET_MEMORY_MERGE): {e}"))?;
     }
     pvisor_seccomp::privileges::drop_to_sandbox_caps()?;
     let filter = pvisor_seccomp::sandbox_filter().map_err(|e| format!("seccomp: {e}"))?;

@@ -14,7 +14,8 @@
 //! * [`disk`]: the sandbox's own ext4 for its writable layer (the disk bound).
 //! * [`owner`]: a distinct host uid owns each sandbox's user namespace, so
 //!   per-user kernel counts are charged per sandbox.
-//! * [`procfs`]: `/proc/meminfo` and `/proc/cmdline` as the sandbox sees them.
+//! * [`procfs`]: `/proc/meminfo` and `/proc/cmdline` as the sandbox sees them;
+//!   [`meminfo`] keeps the former current.
 //! * [`volumes`]: host directories mounted by fd (resolved beneath their
 //!   root, attached at a mount point resolved inside the sandbox root).
 pub mod disk;
@@ -22,6 +23,7 @@ pub mod etc;
 pub mod freeze;
 pub mod init;
 pub mod link;
+pub mod meminfo;
 pub mod mounts;
 pub mod owner;
 pub mod procfs;
@@ -51,6 +53,7 @@ impl Backend for NsBackend {
             pid: s.pid,
             connections: s.connections,
             freeze: FreezeScope::new(common.cgroup.clone()),
+            meminfo: s.meminfo,
         });
         let net_link = s.tap.map(|fd| NetLink { fd, kind: pvisor_proto::net::LinkKind::LinkTap });
         Ok(Started { sandbox, net_link })
@@ -67,6 +70,7 @@ pub struct NsSandbox {
     /// carries a new stream for the agent to serve.
     connections: OwnedFd,
     freeze: FreezeScope,
+    meminfo: meminfo::Live,
 }
 
 impl Sandbox for NsSandbox {
@@ -109,5 +113,9 @@ impl Sandbox for NsSandbox {
 
     fn wait(&self) -> SandboxExit {
         crate::backend::wait_child(self.pid, SandboxExit::Exited)
+    }
+
+    fn refresh_views(&self) -> Result<()> {
+        self.meminfo.refresh().map_err(|e| WorkerError::sys("refresh /proc/meminfo", e))
     }
 }

@@ -80,6 +80,8 @@ pub struct Spawned {
     pub connections: OwnedFd,
     /// With `net`: the tap `eth0` the init created in the sandbox's network namespace.
     pub tap: Option<OwnedFd>,
+    /// The writer that keeps the sandbox's `/proc/meminfo` current.
+    pub meminfo: super::meminfo::Live,
 }
 
 /// Clones the sandbox init and waits until it has exec'd the agent. With
@@ -103,7 +105,7 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
     for d in [&upper, &work] {
         mkdir_owned(d, &ids)?;
     }
-    let proc_files = super::procfs::write(state_dir, &common.limits)?;
+    let (proc_files, meminfo) = super::procfs::write(state_dir, &common.limits, common.cgroup.clone())?;
     let (tmp_size, shm_size) = super::mounts::tmpfs_sizes(common.limits.memory_bytes, common.limits.disk_bytes);
 
     // Datagram-like (SEQPACKET): one message per connection, each carrying
@@ -155,6 +157,7 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
         tmp_size,
         shm_size,
         proc_files,
+        memory_merge: ns.memory_merge,
     };
     let flags = CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
@@ -223,5 +226,5 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
         }
         None => None,
     };
-    Ok(Spawned { pid, connections: ours, tap })
+    Ok(Spawned { pid, connections: ours, tap, meminfo })
 }

@@ -134,6 +134,7 @@ pub async fn start(env: &Env, spec: Spec) -> Worker {
             volumes: vec![],
             tmp_on_root: false,
             disk_template: String::new(),
+            memory_merge: false,
         })),
         net: spec.net,
         ..Default::default()
