@@ -51,6 +51,11 @@ struct Server {
 }
 
 impl Server {
+    /// `<run>/imaged-<id>.log`, its stderr (next to its record).
+    fn log_path(&self) -> PathBuf {
+        self.state_file.with_extension("log")
+    }
+
     /// Whether the server process still runs (a dead child is reaped).
     fn alive(&mut self) -> bool {
         if let Some(c) = self.child.as_mut() {
@@ -278,7 +283,8 @@ impl ImageMounts {
             let Ok(mut st) = slot.try_lock() else { continue };
             if st.server.as_mut().is_some_and(|s| !s.alive()) {
                 if let Some(s) = st.server.take() {
-                    tracing::warn!(image = %id, "image server exited");
+                    // Its log goes with it (stop): what it said last goes to the broker's log.
+                    tracing::warn!(image = %id, last_words = %log_tail(&s.log_path()), "image server exited");
                     stop(s);
                 }
                 dead.push(id);
@@ -466,9 +472,17 @@ fn wait_ready(fd: OwnedFd) -> Result<(), String> {
     }
 }
 
+/// The last lines of a server's log, for the broker's log (the file goes with the server).
+fn log_tail(p: &Path) -> String {
+    let text = std::fs::read_to_string(p).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
 /// Ends a server: its lifeline closes (it exits; a durable server, which
-/// has none, is killed), it is reaped, its mount detached, its group and
-/// record removed.
+/// has none, is killed), it is reaped, its mount detached, its group,
+/// record and log removed (a server of an image never used again, e.g. a
+/// deleted snapshot's, would otherwise leave its log in the run dir).
 fn stop(mut s: Server) {
     if s.lifeline.take().is_some() {
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
@@ -480,9 +494,40 @@ fn stop(mut s: Server) {
         s.kill();
     }
     let _ = std::fs::remove_file(&s.state_file);
+    let _ = std::fs::remove_file(s.log_path());
     detach(&s.mountpoint);
     let _ = std::fs::remove_dir(&s.mountpoint);
     if let Some(g) = s.cgroup {
         let _ = g.destroy();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stopped_server_leaves_no_record_log_or_mount_dir() {
+        let run = tempfile::tempdir().expect("tempdir");
+        let state_file = run.path().join("imaged-0123456789abcdef.json");
+        let log = run.path().join("imaged-0123456789abcdef.log");
+        let mountpoint = run.path().join("mnt-0123456789abcdef");
+        std::fs::write(&state_file, b"{}").expect("record");
+        std::fs::write(&log, b"first\nlast words\n").expect("log");
+        std::fs::create_dir(&mountpoint).expect("mount dir");
+        let server = Server {
+            child: None,
+            pidfd: None,
+            lifeline: None,
+            mountpoint: mountpoint.clone(),
+            cgroup: None,
+            state_file,
+        };
+        assert_eq!(server.log_path(), log);
+        assert_eq!(log_tail(&log), "first | last words");
+        stop(server);
+        assert!(!log.exists(), "the log of a stopped server stays in the run dir");
+        assert!(!mountpoint.exists());
+        assert_eq!(std::fs::read_dir(run.path()).expect("run dir").count(), 0);
     }
 }
