@@ -33,6 +33,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
+from opensandbox.config import ConnectionConfigSync
 from opensandbox.sync import SandboxManagerSync
 from opensandbox.sync.sandbox import SandboxSync
 
@@ -84,8 +85,8 @@ def fine_or_failed(srv, sid: str) -> str:
             assert st.get("reason"), st
             return "failed"
         if st["state"] == "Running":
-            sb = SandboxSync.connect(sid, connection_config=_make_conn(srv.addr, request_timeout=timedelta(seconds=5)),
-                                     skip_health_check=True)
+            quick = ConnectionConfigSync(domain=srv.addr, protocol="http", request_timeout=timedelta(seconds=5))
+            sb = SandboxSync.connect(sid, connection_config=quick, skip_health_check=True)
             try:
                 return "fine" if run(sb, "echo alive").exit_code == 0 else None
             except Exception:  # noqa: BLE001 - not answering (yet): retried

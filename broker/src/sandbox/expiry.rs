@@ -31,13 +31,16 @@ pub fn spawn(ctx: Arc<Ctx>) {
 /// Fails the live ns sandboxes of images whose server died: their root file
 /// system answers ENOTCONN from now on, so they are reported Failed
 /// (`IMAGE_SERVER_EXITED`) and released, never left running broken.
-async fn fail_rootless(ctx: &Ctx, dead: Vec<String>) {
+/// Only sandboxes made before the death was noticed: a create that found the
+/// server dead started a new one, and what it and later creates made uses that.
+async fn fail_rootless(ctx: &Ctx, dead: Vec<super::images::Death>) {
     if dead.is_empty() {
         return;
     }
     for e in ctx.registry.list() {
         let ns = e.origin.backend != Some(pvisor_worker::config::BackendKind::Vm);
-        if !ns || !dead.contains(&e.image_id) || e.is_deleting() || e.worker_log().is_none() {
+        let rootless = dead.iter().any(|d| d.image_id == e.image_id && e.created_at <= d.noticed);
+        if !ns || !rootless || e.is_deleting() || e.worker_log().is_none() {
             continue;
         }
         tracing::warn!(sandbox = %e.id, "the image server of its image exited");

@@ -7,7 +7,9 @@
 //! broker runs. A server that died is replaced at the next create of its
 //! image (its stale mount is detached first), and the live sandboxes of that
 //! image are failed (`IMAGE_SERVER_EXITED`: their root is gone, see
-//! [`ImageMounts::take_dead`]), never left silently broken.
+//! [`ImageMounts::take_dead`]), never left silently broken — whether the
+//! expiry sweep notices the death first or a create of the image does (the
+//! create restarts the server and leaves the death for the sweep to report).
 //!
 //! Durable brokers (the default) start servers without a lifeline, so they
 //! outlive the broker with their sandboxes; each server's identity is kept
@@ -176,6 +178,24 @@ pub struct ImageMounts {
     servers: Mutex<HashMap<String, Slot>>,
     /// Servers outlive the broker (no lifeline).
     durable: bool,
+    /// Deaths a create noticed (and restarted the server after), for the next
+    /// [`ImageMounts::take_dead`].
+    noticed: Mutex<Vec<Death>>,
+}
+
+/// An image server found dead: the sandboxes of its image made before
+/// `noticed` used its mount and have lost their root (later ones use the
+/// new server's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Death {
+    pub image_id: String,
+    pub noticed: chrono::DateTime<chrono::Utc>,
+}
+
+impl Death {
+    fn now(image_id: &str) -> Death {
+        Death { image_id: image_id.to_string(), noticed: chrono::Utc::now() }
+    }
 }
 
 type Slot = std::sync::Arc<Mutex<SlotState>>;
@@ -263,13 +283,14 @@ impl ImageMounts {
             cgroup_prefix,
             servers: Mutex::new(servers),
             durable,
+            noticed: Mutex::new(Vec::new()),
         })
     }
 
     /// The images whose server died since the last call (each such server
     /// is cleaned up: its stale mount detached, so the next create of the
     /// image starts a new one). Their live sandboxes have lost their root.
-    pub fn take_dead(&self) -> Vec<String> {
+    pub fn take_dead(&self) -> Vec<Death> {
         let slots: Vec<(String, Slot)> = self
             .servers
             .lock()
@@ -277,7 +298,7 @@ impl ImageMounts {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let mut dead = Vec::new();
+        let mut dead = std::mem::take(&mut *self.noticed.lock().unwrap_or_else(|p| p.into_inner()));
         for (id, slot) in slots {
             // Busy (a create is checking or starting it): next time.
             let Ok(mut st) = slot.try_lock() else { continue };
@@ -287,7 +308,7 @@ impl ImageMounts {
                     tracing::warn!(image = %id, last_words = %log_tail(&s.log_path()), "image server exited");
                     stop(s);
                 }
-                dead.push(id);
+                dead.push(Death::now(&id));
             }
         }
         dead
@@ -314,6 +335,8 @@ impl ImageMounts {
                 if let Some(old) = slot.server.take() {
                     stop(old);
                 }
+                // Its sandboxes are failed by the sweep (take_dead), as if it had seen the death.
+                self.noticed.lock().unwrap_or_else(|p| p.into_inner()).push(Death::now(&image.id));
             }
             let server = self.start(image)?;
             let mp = server.mountpoint.clone();
@@ -529,5 +552,51 @@ mod tests {
         assert!(!log.exists(), "the log of a stopped server stays in the run dir");
         assert!(!mountpoint.exists());
         assert_eq!(std::fs::read_dir(run.path()).expect("run dir").count(), 0);
+    }
+
+    /// A create that finds its image's server dead restarts it; the sweep must still
+    /// learn of the death, or the sandboxes of the old server stay Running without a root.
+    #[test]
+    fn a_death_a_create_finds_is_reported_by_the_sweep() {
+        let run = tempfile::tempdir().expect("tempdir");
+        let mut dead_child = Command::new("true").spawn().expect("spawn true");
+        dead_child.wait().expect("wait");
+        let id = "sha256:0123456789abcdef0123456789abcdef".to_string();
+        let server = Server {
+            child: Some(dead_child),
+            pidfd: None,
+            lifeline: None,
+            mountpoint: run.path().join("mnt/0123456789abcdef"),
+            cgroup: None,
+            state_file: run.path().join("imaged-0123456789abcdef.json"),
+        };
+        let slot = SlotState { server: Some(server), ..Default::default() };
+        let mounts = ImageMounts {
+            imaged_bin: run.path().join("no-such-imaged"),
+            pool_dir: run.path().join("pool"),
+            mount_dir: run.path().join("mnt"),
+            log_dir: run.path().to_path_buf(),
+            ids: IdMap { uid_base: 100_000, gid_base: 100_000, count: 65_536 },
+            cgroups: None,
+            cgroup_prefix: "pvisor-test-".into(),
+            servers: Mutex::new(HashMap::from([(id.clone(), std::sync::Arc::new(Mutex::new(slot)))])),
+            durable: true,
+            noticed: Mutex::new(Vec::new()),
+        };
+        let before = chrono::Utc::now();
+        let image = ImageRecord {
+            id: id.clone(),
+            names: vec![],
+            config: Default::default(),
+            size_bytes: 0,
+            imported_at: String::new(),
+        };
+        // The restart itself fails here (no server binary): the death is noticed either way.
+        assert!(mounts.ensure(&image).is_err());
+        let dead = mounts.take_dead();
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].image_id, id);
+        assert!(dead[0].noticed >= before);
+        assert!(mounts.take_dead().is_empty(), "a death is reported once");
     }
 }
