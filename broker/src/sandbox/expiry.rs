@@ -1,6 +1,6 @@
 //! Deletes sandboxes whose timeout has passed, fails the sandboxes whose
-//! image server died (their root is gone), and stops image servers no
-//! sandbox has used for a while.
+//! image server died (their root is gone), stops image servers no sandbox
+//! has used for a while, and replaces warm workers that died.
 use crate::server::Ctx;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +22,17 @@ pub fn spawn(ctx: Arc<Ctx>) {
             fail_rootless(&ctx, ctx.mounts.take_dead()).await;
             let in_use = ctx.registry.list().into_iter().map(|e| e.image_id.clone()).collect();
             let c = ctx.clone();
-            // Stopping a server waits for it (briefly): off the async threads.
-            let _ = tokio::task::spawn_blocking(move || c.mounts.reap(&in_use, c.image_idle)).await;
+            // Stopping a server waits for it (briefly), and removing a dead warm
+            // worker's cgroup is synchronous: off the async threads.
+            let pruned = tokio::task::spawn_blocking(move || {
+                c.mounts.reap(&in_use, c.image_idle);
+                c.pool.prune()
+            })
+            .await
+            .unwrap_or(0);
+            if pruned > 0 {
+                super::pool::Pool::refill(ctx.clone());
+            }
         }
     });
 }
