@@ -150,7 +150,7 @@ class Killer:
 def test_worker_agent_and_image_server_killed_at_random_points(fault_server):
     srv = fault_server
     seed = int(os.environ.get("PVISOR_FAULT_SEED", random.randrange(1 << 30)))
-    rounds = int(os.environ.get("PVISOR_FAULT_ROUNDS", "12"))
+    rounds = int(os.environ.get("PVISOR_FAULT_ROUNDS", "20"))
     print(f"\nfault injection (worker, agent, image server) seed {seed} ({rounds} rounds; "
           f"rerun with PVISOR_FAULT_SEED={seed})")
     rng = random.Random(seed)
