@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from test_durability import _ppid, ids_listed, leaks, ours, record
+from test_durability import _ppid, cgroup_prefix, ids_listed, leaks, memory_base, memory_group_of, ours, record
 
 KINDS = ["worker", "agent", "imaged"]
 
@@ -99,6 +99,13 @@ def full_leaks(srv, fd_baseline: int | None = None) -> list[str]:
         else:
             out.append(problem)
     workers = ours(srv, "pvisor-worker")
+    # An unprivileged broker's groups sit one level down, beneath its delegated group.
+    base = memory_base()
+    if base is not None:
+        nested = {d.name for d in base.glob(f"*/{cgroup_prefix(srv.data_dir)}*")}
+        used = {memory_group_of(p) for p in workers | servers}
+        if nested - used:
+            out.append(f"delegated cgroups without a process: {nested - used}")
     # A sandbox init (its output goes to the run dir too) whose worker is gone.
     orphans = {a for a in ours(srv, "pvisor-agent") if _ppid(a) not in workers}
     if orphans:

@@ -20,6 +20,7 @@ or the image server of its image. After each round:
   workers, sandbox inits, cgroups, run-dir files, mounts, and the broker's fd count back
   to its baseline).
 
+It runs against a root broker and an unprivileged one (`unprivileged.start_unprivileged`).
 The broker kind is test_durability.py::test_broker_killed_at_random_points.
 """
 from __future__ import annotations
@@ -41,24 +42,34 @@ from conftest import _make_conn, _start_server
 from e2e_util import BUSYBOX, DEBIAN, run, sh, wait_until
 from faults import KINDS, agents_of, broker_fds, full_leaks, image_ids, image_servers, settle
 from test_durability import OPS, alive, ids_listed, ours, record, state_of
+from unprivileged import start_unprivileged
 
 SMALL = {"cpu": "1", "memory": "128Mi"}
 SETTLE = 30.0
 
 
-@pytest.fixture(scope="module")
-def fault_server(tmp_path_factory):
-    srv = _start_server(tmp_path_factory, "faults-kinds", ["busybox.tar", "debian-bookworm-slim.tar"], {},
-                        ["--warm-workers", "1", "--stop-sandboxes-on-exit",
-                         # A restore's image server (of the snapshot's image) goes soon after, so
-                         # the broker's fds come back to the baseline between rounds.
-                         "--image-idle-secs", "1"])
-    yield srv
+ARCHIVES = ["busybox.tar", "debian-bookworm-slim.tar"]
+ARGS = ["--warm-workers", "1", "--stop-sandboxes-on-exit",
+        # A restore's image server (of the snapshot's image) goes soon after, so
+        # the broker's fds come back to the baseline between rounds.
+        "--image-idle-secs", "1"]
+
+
+@pytest.fixture(scope="module", params=["root", "unprivileged"])
+def fault_server(request, tmp_path_factory):
+    deleg = None
+    if request.param == "root":
+        srv = _start_server(tmp_path_factory, "faults-kinds", ARCHIVES, {}, ARGS)
+    else:
+        srv, deleg = start_unprivileged(tmp_path_factory, "faults-kinds-user", ARCHIVES, {}, ARGS, tag="faults")
     try:
+        yield srv
         for sid in ids_listed(srv):
             httpx.delete(f"{srv.url}/v1/sandboxes/{sid}", timeout=30)
     finally:
         srv.stop()
+        if deleg is not None:
+            deleg.close()
 
 
 def make(srv, image: str, marker: str) -> str:
