@@ -1,12 +1,11 @@
 """Shared helpers of the fault-injection tests (issue 12, "Tests that break things").
 
-`leaks(srv)` (test_durability.py) says what is on the host beyond what the
-broker reports live: sandbox dirs, records, workers, cgroups, run-dir files,
-mounts. `full_leaks(srv, fd_baseline)` adds the broker's own fd count and the
-agents (sandbox inits) of no live worker. `victims(...)` finds the processes
-of each kind a test kills: the worker of a sandbox, its agent (the sandbox's
-init, the worker's child that is not its network process) and the image
-server of an image.
+`full_leaks(srv, fd_baseline)` extends test_durability's `leaks(srv)` (sandbox dirs,
+records, workers, cgroups, run-dir files, mounts) to brokers without image server
+records (`--stop-sandboxes-on-exit`) and to delegated cgroups, and adds sandbox inits
+of no worker and the broker's own fd count. The rest finds the processes a test
+kills: a worker's agent (the sandbox's init: its child that is not pvisor-netd) and
+the image servers of an image (by their `--image` argument).
 """
 from __future__ import annotations
 

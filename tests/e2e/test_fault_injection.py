@@ -124,8 +124,9 @@ def payload(n: int) -> str:
 class Killer:
     """Kills the first process of `kind` that belongs to the operation once `delay` passed."""
 
-    def __init__(self, srv, kind: str, target: str | None, spared_workers: set[int]):
+    def __init__(self, srv, kind: str, target: str | None, spared_workers: set[int], busybox_ids: set[str]):
         self.srv, self.kind, self.target, self.spared = srv, kind, target, spared_workers
+        self.busybox_ids = busybox_ids
         self.killed: list[int] = []
 
     def candidates(self) -> list[int]:
@@ -210,8 +211,7 @@ def test_worker_agent_and_image_server_killed_at_random_points(fault_server):
             except Exception as e:  # noqa: BLE001 - a process of the sandbox is being killed
                 result["error"] = repr(e)[:300]
 
-        killer = Killer(srv, kind, target, bystanders)
-        killer.busybox_ids = busybox_ids
+        killer = Killer(srv, kind, target, bystanders, busybox_ids)
         done = threading.Event()
         kt = threading.Thread(target=killer.run, args=(delay, done))
         t = threading.Thread(target=act)
