@@ -8,6 +8,11 @@ module adds the kernel surface (bpf, perf, kexec, modules, ptrace of the agent,
 keyrings, userfaultfd, namespaces), writes to /proc/sys and /sys, device nodes,
 the broker's sockets and API from inside, signals to other sandboxes' processes,
 and thousands of files and background commands. Deep trees are test_deep_trees.py.
+
+The module runs twice: against the suite's root broker and against an unprivileged
+one (a user with delegated cgroups, `unprivileged.start_unprivileged`). Every probe is
+refused or contained by both; what differs is said where it is asserted (README,
+"Unprivileged broker").
 """
 
 from __future__ import annotations
@@ -19,17 +24,48 @@ import httpx
 import pytest
 from opensandbox.models.filesystem import SearchEntry
 
+from conftest import SandboxFactory, _make_conn
 from e2e_util import BUSYBOX, PYTHON, run, sh, stdout_text, wait_until
+from unprivileged import start_unprivileged
+
+
+@pytest.fixture(scope="module", params=["root", "unprivileged"])
+def hostile_server(request, tmp_path_factory):
+    """The suite's (root) broker, then an unprivileged one."""
+    if request.param == "root":
+        yield request.getfixturevalue("pvisor_server")
+        return
+    srv, deleg = start_unprivileged(tmp_path_factory, "pvisor-hostile-user", ["busybox.tar", "python-3.11-slim.tar"],
+                                    {}, ["--backend", "ns"], tag="hostile")
+    try:
+        yield srv
+        srv.stop()
+    finally:
+        deleg.close()
 
 
 @pytest.fixture(scope="module")
-def bystander(module_sandbox):
-    return module_sandbox(BUSYBOX)
+def hostile_sandboxes(hostile_server):
+    f = SandboxFactory(_make_conn(hostile_server.addr))
+    yield f
+    f.cleanup()
+
+
+@pytest.fixture
+def sandbox(hostile_server):
+    f = SandboxFactory(_make_conn(hostile_server.addr))
+    yield f
+    f.cleanup()
 
 
 @pytest.fixture(scope="module")
-def tenant(module_sandbox):
-    return module_sandbox(PYTHON)
+def bystander(hostile_sandboxes):
+    return hostile_sandboxes(BUSYBOX)
+
+
+@pytest.fixture(scope="module")
+def tenant(hostile_sandboxes):
+    return hostile_sandboxes(PYTHON)
 
 
 def service_fine(srv, bystander) -> None:
@@ -73,14 +109,14 @@ print("ptrace_attach_init", "ok" if r >= 0 else "errno=%%d" %% ctypes.get_errno(
 ''' % (SYSCALLS,)
 
 
-def test_kernel_surface_is_refused(tenant, bystander, pvisor_server):
+def test_kernel_surface_is_refused(tenant, bystander, hostile_server):
     tenant.files.write_file("/tmp/hostile_probe.py", PROBE)
     out = sh(tenant, "python3 /tmp/hostile_probe.py")
     results = dict(line.split(" ", 1) for line in out.splitlines())
     allowed = {k: v for k, v in results.items() if v == "ok"}
     assert not allowed, f"syscalls that worked inside a sandbox: {allowed}\n{out}"
     assert len(results) == len(SYSCALLS) + 1, out
-    service_fine(pvisor_server, bystander)
+    service_fine(hostile_server, bystander)
 
 
 @pytest.mark.parametrize("command", [
@@ -94,10 +130,10 @@ def test_kernel_surface_is_refused(tenant, bystander, pvisor_server):
     "mount -o remount,rw /sys",
     "mount -o remount,rw /proc/sys",
 ])
-def test_writes_to_proc_sys_and_sys_are_refused(tenant, bystander, pvisor_server, command):
+def test_writes_to_proc_sys_and_sys_are_refused(tenant, bystander, hostile_server, command):
     ex = run(tenant, command)
     assert ex.exit_code != 0, f"{command!r} succeeded inside a sandbox: {stdout_text(ex)}"
-    service_fine(pvisor_server, bystander)
+    service_fine(hostile_server, bystander)
 
 
 @pytest.mark.parametrize("command", [
@@ -112,15 +148,15 @@ def test_writes_to_proc_sys_and_sys_are_refused(tenant, bystander, pvisor_server
     "head -c 16 /proc/kcore",
     "ls /dev/sda /dev/vda /dev/nvme0n1 /dev/kvm /dev/fuse /dev/net/tun 2>/dev/null | grep .",
 ])
-def test_device_nodes_are_refused(tenant, bystander, pvisor_server, command):
+def test_device_nodes_are_refused(tenant, bystander, hostile_server, command):
     ex = run(tenant, command)
     out = stdout_text(ex).strip()
     assert ex.exit_code != 0 or not out, f"{command!r} worked inside a sandbox: {out[:200]!r}"
-    service_fine(pvisor_server, bystander)
+    service_fine(hostile_server, bystander)
 
 
-def test_broker_sockets_and_api_are_out_of_reach(tenant, bystander, pvisor_server):
-    data = pvisor_server.data_dir
+def test_broker_sockets_and_api_are_out_of_reach(tenant, bystander, hostile_server):
+    data = hostile_server.data_dir
     # The broker's data dir (sockets, other sandboxes' layers) is not in the sandbox's root.
     ex = run(tenant, f"ls {data} {data}/run {data}/sandboxes")
     assert ex.exit_code != 0, stdout_text(ex)
@@ -128,7 +164,7 @@ def test_broker_sockets_and_api_are_out_of_reach(tenant, bystander, pvisor_serve
     assert "pvisor" not in sh(tenant, "cat /proc/net/unix")
     # The API's port is not reachable: loopback is the sandbox's own, and the
     # gateway (the host side) refuses the broker's listen address.
-    port = pvisor_server.port
+    port = hostile_server.port
     probe = ("import socket,sys\n"
              "for h in sys.argv[1:]:\n"
              "    s=socket.socket(); s.settimeout(3)\n"
@@ -137,10 +173,10 @@ def test_broker_sockets_and_api_are_out_of_reach(tenant, bystander, pvisor_serve
     tenant.files.write_file("/tmp/api_probe.py", probe)
     out = sh(tenant, "python3 /tmp/api_probe.py 127.0.0.1 10.0.2.2 10.0.2.3")
     assert "connected" not in out, out
-    service_fine(pvisor_server, bystander)
+    service_fine(hostile_server, bystander)
 
 
-def test_other_sandboxes_processes_cannot_be_signalled(sandbox, tenant, bystander, pvisor_server):
+def test_other_sandboxes_processes_cannot_be_signalled(sandbox, tenant, bystander, hostile_server):
     victim = sandbox(BUSYBOX)
     from e2e_util import run as _run
 
@@ -153,7 +189,7 @@ def test_other_sandboxes_processes_cannot_be_signalled(sandbox, tenant, bystande
     time.sleep(0.5)
     assert _cmdline(host_pid) == "sleep 3137", "the victim's process survived"
     assert "sleep 3137" in sh(victim, "ps")
-    service_fine(pvisor_server, bystander)
+    service_fine(hostile_server, bystander)
 
 
 def _cmdline(pid: str) -> str:
@@ -165,7 +201,7 @@ def _cmdline(pid: str) -> str:
 
 
 @pytest.mark.deadline(300)
-def test_thousands_of_files(sandbox, bystander, pvisor_server):
+def test_thousands_of_files(sandbox, bystander, hostile_server):
     sb = sandbox(PYTHON)
     sh(sb, "python3 -c \"import os\nos.makedirs('/root/many')\n"
            "[open('/root/many/f%d.txt' % i, 'w').close() for i in range(20000)]\"", timeout_ms=120_000)
@@ -173,21 +209,39 @@ def test_thousands_of_files(sandbox, bystander, pvisor_server):
     assert len(found) == 11, [f.path for f in found][:20]
     sb.files.delete_directories(["/root/many"])
     assert run(sb, "test -e /root/many").exit_code != 0
-    service_fine(pvisor_server, bystander)
+    service_fine(hostile_server, bystander)
 
 
 @pytest.mark.deadline(300)
-def test_hundreds_of_background_commands(sandbox, bystander, pvisor_server):
+def test_hundreds_of_background_commands(sandbox, bystander, hostile_server):
     sb = sandbox(BUSYBOX)
     n = int(os.environ.get("PVISOR_E2E_BACKGROUND", "300"))
     ids = [run(sb, "sleep 600", background=True).id for _ in range(n)]
     assert len(set(ids)) == n
     running = int(sh(sb, "ps | grep -c '[s]leep 600'"))
     assert running == n, running
-    service_fine(pvisor_server, bystander)
-    rss = pvisor_server.rss_kib()
+    service_fine(hostile_server, bystander)
+    rss = hostile_server.rss_kib()
     sb.kill()
     wait_until(lambda: not any(_cmdline(p) == "sleep 600" for p in os.listdir("/proc") if p.isdigit()), 30,
                what="every background command gone with its sandbox")
-    service_fine(pvisor_server, bystander)
+    service_fine(hostile_server, bystander)
     assert rss > 0
+
+
+def test_host_identity_of_a_sandbox(tenant, bystander, hostile_server, request):
+    """Root broker: sandbox root is an unprivileged host id of a range of its own (never 0).
+    Unprivileged broker: one id only, the broker's own user (documented in the README:
+    sandboxes are then not apart from each other or the broker by host id; the namespaces,
+    the seccomp filter and no_new_privs contain them, which the probes above check)."""
+    fields = sh(tenant, "cat /proc/self/uid_map").split()
+    inside, outside, count = (int(x) for x in fields[:3])
+    assert inside == 0 and outside != 0, fields
+    broker_uid = os.stat(f"/proc/{hostile_server.proc.pid}").st_uid
+    if broker_uid == 0:
+        assert count > 1, fields
+    else:
+        assert (outside, count) == (broker_uid, 1), fields
+        # Even so, no capability over the host: the host's files of that user are not in reach.
+        assert run(tenant, f"ls {hostile_server.data_dir}").exit_code != 0
+    service_fine(hostile_server, bystander)

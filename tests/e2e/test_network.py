@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import socket
 import subprocess
-import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -25,7 +22,7 @@ from opensandbox.sync import SandboxSync
 from conftest import _make_conn, _start_server
 from e2e_util import (BLOCKED, EGRESS_PORT, NETPROBE_DIR, PYTHON, SMALL, assert_error_json, dataplane,
                       install_netprobe, list_all_ids, netprobe, run, sh, wait_until)
-from test_nonroot import USER, V1_CONTROLLERS, own_cgroup_dirs
+from unprivileged import start_unprivileged
 
 DENY_TIMEOUT = 1  # seconds: "a denied connection fails immediately" (the issue's bound)
 ARCHIVES = ["busybox.tar", "python-3.11-slim.tar"]
@@ -36,51 +33,6 @@ def policy(default: str, *rules: tuple[str, str]) -> NetworkPolicy:
 
 
 # ---------------------------------------------------------------- brokers
-
-
-class Delegation:
-    """A system user with delegated v1 cgroups and /dev/fuse, /dev/net/tun opened to it."""
-
-    DEVICES = ["/dev/fuse", "/dev/net/tun"]
-
-    def __init__(self):
-        if subprocess.run(["id", USER], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "--system", "--no-create-home", USER], check=True)
-        self.pw = pwd.getpwnam(USER)
-        dirs = own_cgroup_dirs()
-        v2 = dirs.get("")
-        if v2 is not None and (v2 / "cgroup.controllers").exists() and "memory" in (v2 / "cgroup.controllers").read_text():
-            pytest.skip("this suite's unprivileged broker uses v1 delegation (v2 hosts: see the Rust cgroup tests)")
-        self.groups = []
-        for c in ["memory", *V1_CONTROLLERS]:
-            g = dirs[c] / f"{USER}-net-{os.getpid()}"
-            g.mkdir(exist_ok=True)
-            for p in [g, *g.iterdir()]:
-                os.chown(p, self.pw.pw_uid, self.pw.pw_gid)
-            self.groups.append(g)
-        # Debian's udev makes both 0666; these hosts have no udev and leave them 0600.
-        self.modes = {d: os.stat(d).st_mode & 0o7777 for d in self.DEVICES if os.path.exists(d)}
-        for d in self.modes:
-            os.chmod(d, 0o666)
-
-    def prefix(self) -> list[str]:
-        join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in self.groups)
-        return ["bash", "-c", f'{join}; exec setpriv --reuid={self.pw.pw_uid} --regid={self.pw.pw_gid} '
-                f'--clear-groups "$@"', "pvisor-unprivileged"]
-
-    def close(self) -> None:
-        for d, mode in self.modes.items():
-            os.chmod(d, mode)
-        for g in self.groups:
-            for sub in sorted(g.glob("**/"), key=lambda p: -len(p.parts)):
-                for _ in range(50):
-                    try:
-                        sub.rmdir()
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module", params=["root", "unprivileged"])
@@ -94,11 +46,8 @@ def net_server(request, networld, tmp_path_factory):
         yield srv
         srv.stop()
         return
-    deleg = Delegation()
+    srv, deleg = start_unprivileged(tmp_path_factory, "pvisor-net-user", ARCHIVES, {}, args, tag="net")
     try:
-        srv = _start_server(tmp_path_factory, "pvisor-net-user", ARCHIVES, {}, args, prefix=deleg.prefix(),
-                            data_owner=(deleg.pw.pw_uid, deleg.pw.pw_gid))
-        assert f"Uid:\t{deleg.pw.pw_uid}" in Path(f"/proc/{srv.proc.pid}/status").read_text(), "broker runs as the user"
         yield srv
         srv.stop()
     finally:

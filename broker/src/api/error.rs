@@ -41,11 +41,36 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// True for the status tonic makes of a broken connection (`Unknown`, with a
+/// transport, hyper or I/O error as its source): the worker or the agent
+/// went away mid-request (killed, or its sandbox ended).
+fn connection_lost(s: &tonic::Status) -> bool {
+    use std::error::Error;
+    if s.code() != tonic::Code::Unknown {
+        return false;
+    }
+    let mut src: Option<&(dyn Error + 'static)> = s.source();
+    while let Some(e) = src {
+        if e.is::<tonic::transport::Error>() || e.is::<hyper::Error>() || e.is::<std::io::Error>() {
+            return true;
+        }
+        src = e.source();
+    }
+    false
+}
+
 /// Maps an agent or worker gRPC status onto the execd error vocabulary.
 impl From<tonic::Status> for ApiError {
     fn from(s: tonic::Status) -> Self {
         use tonic::Code;
         let msg = s.message().to_string();
+        if connection_lost(&s) {
+            return Self::new(
+                StatusCode::BAD_GATEWAY,
+                "SANDBOX_UNAVAILABLE",
+                format!("connection to the sandbox lost: {msg}"),
+            );
+        }
         match s.code() {
             Code::NotFound => Self::new(StatusCode::NOT_FOUND, "FILE_NOT_FOUND", msg),
             Code::InvalidArgument | Code::OutOfRange => Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", msg),
@@ -68,4 +93,22 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
     }
     serde_json::from_slice(body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", format!("invalid JSON body: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_connection_is_a_502_not_an_internal_error() {
+        // What tonic makes of a worker or agent killed mid-request.
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        let e = ApiError::from(tonic::Status::from_error(Box::new(io)));
+        assert_eq!(e.status, StatusCode::BAD_GATEWAY, "{e}");
+        assert_eq!(e.code, "SANDBOX_UNAVAILABLE");
+        assert!(e.message.starts_with("connection to the sandbox lost"), "{e}");
+        // An agent's own Unknown status (no transport source) stays a runtime error.
+        let e = ApiError::from(tonic::Status::unknown("boom"));
+        assert_eq!((e.status, e.code), (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"));
+    }
 }

@@ -1,6 +1,6 @@
 //! Deletes sandboxes whose timeout has passed, fails the sandboxes whose
-//! image server died (their root is gone), and stops image servers no
-//! sandbox has used for a while.
+//! image server died (their root is gone), stops image servers no sandbox
+//! has used for a while, and replaces warm workers that died.
 use crate::server::Ctx;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +23,17 @@ pub fn spawn(ctx: Arc<Ctx>) {
             fail_rootless(&ctx, ctx.mounts.take_dead()).await;
             let in_use = ctx.registry.list().into_iter().map(|e| e.image_id.clone()).collect();
             let c = ctx.clone();
-            // Stopping a server waits for it (briefly): off the async threads.
-            let _ = tokio::task::spawn_blocking(move || c.mounts.reap(&in_use, c.image_idle)).await;
+            // Stopping a server waits for it (briefly), and removing a dead warm
+            // worker's cgroup is synchronous: off the async threads.
+            let pruned = tokio::task::spawn_blocking(move || {
+                c.mounts.reap(&in_use, c.image_idle);
+                c.pool.prune()
+            })
+            .await
+            .unwrap_or(0);
+            if pruned > 0 {
+                super::pool::Pool::refill(ctx.clone());
+            }
         }
     });
 }
@@ -32,13 +41,16 @@ pub fn spawn(ctx: Arc<Ctx>) {
 /// Fails the live ns sandboxes of images whose server died: their root file
 /// system answers ENOTCONN from now on, so they are reported Failed
 /// (`IMAGE_SERVER_EXITED`) and released, never left running broken.
-async fn fail_rootless(ctx: &Ctx, dead: Vec<String>) {
+/// Only sandboxes made before the death was noticed: a create that found the
+/// server dead started a new one, and what it and later creates made uses that.
+async fn fail_rootless(ctx: &Ctx, dead: Vec<super::images::Death>) {
     if dead.is_empty() {
         return;
     }
     for e in ctx.registry.list() {
         let ns = e.origin.backend != Some(pvisor_worker::config::BackendKind::Vm);
-        if !ns || !dead.contains(&e.image_id) || e.is_deleting() || e.worker_log().is_none() {
+        let rootless = dead.iter().any(|d| d.image_id == e.image_id && e.created_at <= d.noticed);
+        if !ns || !rootless || e.is_deleting() || e.worker_log().is_none() {
             continue;
         }
         tracing::warn!(sandbox = %e.id, "the image server of its image exited");

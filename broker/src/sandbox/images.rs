@@ -7,7 +7,9 @@
 //! broker runs. A server that died is replaced at the next create of its
 //! image (its stale mount is detached first), and the live sandboxes of that
 //! image are failed (`IMAGE_SERVER_EXITED`: their root is gone, see
-//! [`ImageMounts::take_dead`]), never left silently broken.
+//! [`ImageMounts::take_dead`]), never left silently broken — whether the
+//! expiry sweep notices the death first or a create of the image does (the
+//! create restarts the server and leaves the death for the sweep to report).
 //!
 //! Durable brokers (the default) start servers without a lifeline, so they
 //! outlive the broker with their sandboxes; each server's identity is kept
@@ -51,6 +53,11 @@ struct Server {
 }
 
 impl Server {
+    /// `<run>/imaged-<id>.log`, its stderr (next to its record).
+    fn log_path(&self) -> PathBuf {
+        self.state_file.with_extension("log")
+    }
+
     /// Whether the server process still runs (a dead child is reaped).
     fn alive(&mut self) -> bool {
         if let Some(c) = self.child.as_mut() {
@@ -184,6 +191,24 @@ pub struct ImageMounts {
     servers: Mutex<HashMap<String, Slot>>,
     /// Servers outlive the broker (no lifeline).
     durable: bool,
+    /// Deaths a create noticed (and restarted the server after), for the next
+    /// [`ImageMounts::take_dead`].
+    noticed: Mutex<Vec<Death>>,
+}
+
+/// An image server found dead: the sandboxes of its image made before
+/// `noticed` used its mount and have lost their root (later ones use the
+/// new server's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Death {
+    pub image_id: String,
+    pub noticed: chrono::DateTime<chrono::Utc>,
+}
+
+impl Death {
+    fn now(image_id: &str) -> Death {
+        Death { image_id: image_id.to_string(), noticed: chrono::Utc::now() }
+    }
 }
 
 type Slot = std::sync::Arc<Mutex<SlotState>>;
@@ -271,13 +296,14 @@ impl ImageMounts {
             cgroup_prefix,
             servers: Mutex::new(servers),
             durable,
+            noticed: Mutex::new(Vec::new()),
         })
     }
 
     /// The images whose server died since the last call (each such server
     /// is cleaned up: its stale mount detached, so the next create of the
     /// image starts a new one). Their live sandboxes have lost their root.
-    pub fn take_dead(&self) -> Vec<String> {
+    pub fn take_dead(&self) -> Vec<Death> {
         let slots: Vec<(String, Slot)> = self
             .servers
             .lock()
@@ -285,16 +311,17 @@ impl ImageMounts {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let mut dead = Vec::new();
+        let mut dead = std::mem::take(&mut *self.noticed.lock().unwrap_or_else(|p| p.into_inner()));
         for (id, slot) in slots {
             // Busy (a create is checking or starting it): next time.
             let Ok(mut st) = slot.try_lock() else { continue };
             if st.server.as_mut().is_some_and(|s| !s.alive()) {
                 if let Some(s) = st.server.take() {
-                    tracing::warn!(image = %id, "image server exited");
+                    // Its log goes with it (stop): what it said last goes to the broker's log.
+                    tracing::warn!(image = %id, last_words = %log_tail(&s.log_path()), "image server exited");
                     stop(s);
                 }
-                dead.push(id);
+                dead.push(Death::now(&id));
             }
         }
         dead
@@ -342,6 +369,8 @@ impl ImageMounts {
                 if let Some(old) = slot.server.take() {
                     stop(old);
                 }
+                // Its sandboxes are failed by the sweep (take_dead), as if it had seen the death.
+                self.noticed.lock().unwrap_or_else(|p| p.into_inner()).push(Death::now(&image.id));
             }
             let server = self.start(image)?;
             let mp = server.mountpoint.clone();
@@ -500,9 +529,17 @@ fn wait_ready(fd: OwnedFd) -> Result<(), String> {
     }
 }
 
+/// The last lines of a server's log, for the broker's log (the file goes with the server).
+fn log_tail(p: &Path) -> String {
+    let text = std::fs::read_to_string(p).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
 /// Ends a server: its lifeline closes (it exits; a durable server, which
-/// has none, is killed), it is reaped, its mount detached, its group and
-/// record removed.
+/// has none, is killed), it is reaped, its mount detached, its group,
+/// record and log removed (a server of an image never used again, e.g. a
+/// deleted snapshot's, would otherwise leave its log in the run dir).
 fn stop(mut s: Server) {
     if s.lifeline.take().is_some() {
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
@@ -514,9 +551,86 @@ fn stop(mut s: Server) {
         s.kill();
     }
     let _ = std::fs::remove_file(&s.state_file);
+    let _ = std::fs::remove_file(s.log_path());
     detach(&s.mountpoint);
     let _ = std::fs::remove_dir(&s.mountpoint);
     if let Some(g) = s.cgroup {
         let _ = g.destroy();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stopped_server_leaves_no_record_log_or_mount_dir() {
+        let run = tempfile::tempdir().expect("tempdir");
+        let state_file = run.path().join("imaged-0123456789abcdef.json");
+        let log = run.path().join("imaged-0123456789abcdef.log");
+        let mountpoint = run.path().join("mnt-0123456789abcdef");
+        std::fs::write(&state_file, b"{}").expect("record");
+        std::fs::write(&log, b"first\nlast words\n").expect("log");
+        std::fs::create_dir(&mountpoint).expect("mount dir");
+        let server = Server {
+            child: None,
+            pidfd: None,
+            lifeline: None,
+            mountpoint: mountpoint.clone(),
+            cgroup: None,
+            state_file,
+        };
+        assert_eq!(server.log_path(), log);
+        assert_eq!(log_tail(&log), "first | last words");
+        stop(server);
+        assert!(!log.exists(), "the log of a stopped server stays in the run dir");
+        assert!(!mountpoint.exists());
+        assert_eq!(std::fs::read_dir(run.path()).expect("run dir").count(), 0);
+    }
+
+    /// A create that finds its image's server dead restarts it; the sweep must still
+    /// learn of the death, or the sandboxes of the old server stay Running without a root.
+    #[test]
+    fn a_death_a_create_finds_is_reported_by_the_sweep() {
+        let run = tempfile::tempdir().expect("tempdir");
+        let mut dead_child = Command::new("true").spawn().expect("spawn true");
+        dead_child.wait().expect("wait");
+        let id = "sha256:0123456789abcdef0123456789abcdef".to_string();
+        let server = Server {
+            child: Some(dead_child),
+            pidfd: None,
+            lifeline: None,
+            mountpoint: run.path().join("mnt/0123456789abcdef"),
+            cgroup: None,
+            state_file: run.path().join("imaged-0123456789abcdef.json"),
+        };
+        let slot = SlotState { server: Some(server), ..Default::default() };
+        let mounts = ImageMounts {
+            imaged_bin: run.path().join("no-such-imaged"),
+            pool_dir: run.path().join("pool"),
+            mount_dir: run.path().join("mnt"),
+            log_dir: run.path().to_path_buf(),
+            ids: IdMap { uid_base: 100_000, gid_base: 100_000, count: 65_536 },
+            cgroups: None,
+            cgroup_prefix: "pvisor-test-".into(),
+            servers: Mutex::new(HashMap::from([(id.clone(), std::sync::Arc::new(Mutex::new(slot)))])),
+            durable: true,
+            noticed: Mutex::new(Vec::new()),
+        };
+        let before = chrono::Utc::now();
+        let image = ImageRecord {
+            id: id.clone(),
+            names: vec![],
+            config: Default::default(),
+            size_bytes: 0,
+            imported_at: String::new(),
+        };
+        // The restart itself fails here (no server binary): the death is noticed either way.
+        assert!(mounts.ensure(&image).is_err());
+        let dead = mounts.take_dead();
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].image_id, id);
+        assert!(dead[0].noticed >= before);
+        assert!(mounts.take_dead().is_empty(), "a death is reported once");
     }
 }

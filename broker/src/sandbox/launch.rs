@@ -135,6 +135,13 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
             ))
         }
         Err(msg) => {
+            // A worker that died first (killed, crashed) says how: "transport error" alone does not.
+            // (Its exit follows the closing of its socket by a moment.)
+            let died = match tokio::time::timeout(std::time::Duration::from_millis(200), child.wait()).await {
+                Ok(Ok(status)) => format!(" (the worker exited: {status})"),
+                _ => String::new(),
+            };
+            let msg = format!("{msg}{died}");
             let _ = child.start_kill();
             let _ = child.wait().await;
             let tail = log_tail(&log);

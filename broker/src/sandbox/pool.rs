@@ -118,6 +118,31 @@ impl Pool {
         }
     }
 
+    /// Discards the idle workers that died (killed, crashed) with their
+    /// cgroup, socket and log, and says how many: a dead one would otherwise
+    /// keep them until a create took it, and leave the stock short.
+    /// Blocking (cgroup removal); the expiry sweep calls it.
+    pub fn prune(&self) -> usize {
+        let mut dead = Vec::new();
+        {
+            let mut idle = self.idle();
+            let mut live = VecDeque::with_capacity(idle.len());
+            for mut w in idle.drain(..) {
+                match w.child.try_wait() {
+                    Ok(None) => live.push_back(w),
+                    _ => dead.push(w),
+                }
+            }
+            *idle = live;
+        }
+        let n = dead.len();
+        for w in dead {
+            tracing::warn!(log = %w.log.display(), "a warm worker died; discarded");
+            w.discard();
+        }
+        n
+    }
+
     /// Tops the stock up, off the request path (call it once a create is
     /// done, so its cgroup work does not compete with the create). One refill
     /// runs at a time.
@@ -163,5 +188,38 @@ impl Pool {
         for w in all {
             w.discard();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(dir: &std::path::Path, name: &str, program: &str) -> WarmWorker {
+        let (_, lifeline) = nix::unistd::pipe2(OFlag::O_CLOEXEC).expect("pipe");
+        let (_, config) = nix::unistd::pipe2(OFlag::O_CLOEXEC).expect("pipe");
+        let socket = dir.join(format!("{name}.sock"));
+        let log = dir.join(format!("{name}.log"));
+        std::fs::write(&socket, b"").expect("socket file");
+        std::fs::write(&log, b"").expect("log file");
+        let child = tokio::process::Command::new(program).arg("30").spawn().expect("spawn");
+        WarmWorker { child, socket, log, lifeline, config, cgroup: None }
+    }
+
+    #[tokio::test]
+    async fn a_dead_warm_worker_is_pruned_with_its_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pool = Pool::new(2);
+        let mut dead = worker(dir.path(), "dead", "true");
+        dead.child.wait().await.expect("wait");
+        let live = worker(dir.path(), "live", "sleep");
+        pool.idle().push_back(dead);
+        pool.idle().push_back(live);
+        assert_eq!(pool.prune(), 1);
+        assert_eq!(pool.idle().len(), 1);
+        assert!(!dir.path().join("dead.sock").exists() && !dir.path().join("dead.log").exists());
+        assert!(dir.path().join("live.sock").exists());
+        assert_eq!(pool.prune(), 0, "a live worker stays");
+        pool.drain();
     }
 }

@@ -1,0 +1,83 @@
+"""An unprivileged broker for e2e tests: one place that sets the scene.
+
+`Delegation` makes a system user (test_nonroot.USER), delegates it a v1 cgroup of
+each controller beneath this process's own, and opens /dev/fuse and /dev/net/tun to
+it (Debian's udev makes both 0666; these hosts have no udev and leave them 0600);
+`close()` undoes that. `start_unprivileged(...)` starts a `PvisorServer` (conftest)
+as that user inside those groups, on a data dir it owns, and returns it with its
+delegation. test_network.py and test_hostile_tenant.py use it; test_nonroot,
+test_volumes and test_limits still start theirs by hand.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PvisorServer, _start_server
+from test_nonroot import USER, V1_CONTROLLERS, own_cgroup_dirs
+
+
+class Delegation:
+    """A system user with delegated v1 cgroups and /dev/fuse, /dev/net/tun opened to it."""
+
+    DEVICES = ["/dev/fuse", "/dev/net/tun"]
+
+    def __init__(self, tag: str = "u"):
+        if os.geteuid() != 0:
+            pytest.skip("setting up a user and delegated cgroups needs root")
+        if subprocess.run(["id", USER], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "--system", "--no-create-home", USER], check=True)
+        self.pw = pwd.getpwnam(USER)
+        dirs = own_cgroup_dirs()
+        v2 = dirs.get("")
+        if v2 is not None and (v2 / "cgroup.controllers").exists() and "memory" in (v2 / "cgroup.controllers").read_text():
+            pytest.skip("this suite's unprivileged broker uses v1 delegation (v2 hosts: see the Rust cgroup tests)")
+        self.groups: list[Path] = []
+        for c in ["memory", *V1_CONTROLLERS]:
+            g = dirs[c] / f"{USER}-{tag}-{os.getpid()}"
+            g.mkdir(exist_ok=True)
+            for p in [g, *g.iterdir()]:
+                os.chown(p, self.pw.pw_uid, self.pw.pw_gid)
+            self.groups.append(g)
+        self.modes = {d: os.stat(d).st_mode & 0o7777 for d in self.DEVICES if os.path.exists(d)}
+        for d in self.modes:
+            os.chmod(d, 0o666)
+
+    def prefix(self) -> list[str]:
+        """What runs a command as the user inside the delegated groups."""
+        join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in self.groups)
+        return ["bash", "-c", f'{join}; exec setpriv --reuid={self.pw.pw_uid} --regid={self.pw.pw_gid} '
+                f'--clear-groups "$@"', "pvisor-unprivileged"]
+
+    def close(self) -> None:
+        for d, mode in self.modes.items():
+            os.chmod(d, mode)
+        for g in self.groups:
+            for sub in sorted(g.glob("**/"), key=lambda p: -len(p.parts)):
+                for _ in range(50):
+                    try:
+                        sub.rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        time.sleep(0.05)
+
+
+def start_unprivileged(tmp_path_factory, name: str, archives: list[str], env: dict[str, str] | None = None,
+                       args: list[str] | None = None, tag: str = "u") -> tuple[PvisorServer, Delegation]:
+    """A broker running as the delegated user; stop the server, then close the delegation."""
+    deleg = Delegation(tag)
+    try:
+        srv = _start_server(tmp_path_factory, name, archives, env or {}, args, prefix=deleg.prefix(),
+                            data_owner=(deleg.pw.pw_uid, deleg.pw.pw_gid))
+    except BaseException:
+        deleg.close()
+        raise
+    assert f"Uid:\t{deleg.pw.pw_uid}" in Path(f"/proc/{srv.proc.pid}/status").read_text(), "broker runs as the user"
+    return srv, deleg
