@@ -300,17 +300,18 @@ impl ImageMounts {
         })
     }
 
+    /// Every image's slot, copied out of the table (so the table's lock is
+    /// not held while a slot is locked).
+    fn slots(&self) -> Vec<(String, Slot)> {
+        let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+        servers.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
     /// The images whose server died since the last call (each such server
     /// is cleaned up: its stale mount detached, so the next create of the
     /// image starts a new one). Their live sandboxes have lost their root.
     pub fn take_dead(&self) -> Vec<Death> {
-        let slots: Vec<(String, Slot)> = self
-            .servers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let slots = self.slots();
         let mut dead = std::mem::take(&mut *self.noticed.lock().unwrap_or_else(|p| p.into_inner()));
         for (id, slot) in slots {
             // Busy (a create is checking or starting it): next time.
@@ -330,13 +331,7 @@ impl ImageMounts {
     /// The servers running now (a server being started or checked is left
     /// out): image id, pid (None where unknown) and group, for the metrics.
     pub fn running(&self) -> Vec<RunningServer> {
-        let slots: Vec<(String, Slot)> = self
-            .servers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let slots = self.slots();
         let mut out = Vec::new();
         for (image_id, slot) in slots {
             let Ok(st) = slot.try_lock() else { continue };
