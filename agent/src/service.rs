@@ -193,7 +193,19 @@ impl Agent for AgentService {
                     Some(upload_chunk::Kind::Data(d)) => {
                         let mut f = current.take().ok_or_else(|| Status::invalid_argument("data before header"))?;
                         // Writes go to the open file: no permission check left to make.
-                        current = Some(blocking_as(None, move || f.write(&d).map(|_| f)).await?);
+                        // A failed write (ENOSPC past the disk bound) removes the temporary
+                        // file here: the file is gone from `current`, so the abort below
+                        // cannot (a partial upload would hold the space until the sandbox ends).
+                        current = Some(
+                            blocking_as(None, move || match f.write(&d) {
+                                Ok(()) => Ok(f),
+                                Err(e) => {
+                                    f.abort();
+                                    Err(e)
+                                }
+                            })
+                            .await?,
+                        );
                     }
                     None => {}
                 }
