@@ -1,4 +1,5 @@
-//! Guest RAM: one memfd, sealed at its size, mapped shared into the VMM.
+//! Guest RAM: one memfd, sealed at its size, mapped shared into the VMM (the default), or
+//! private anonymous memory that KSM may merge ([`GuestRam::anonymous`]).
 //!
 //! A memfd (rather than anonymous memory) lets a vhost-user front-end map the very same pages
 //! (QEMU's `memory-backend-memfd,share=on` in the test engine, or our own back-ends being handed
@@ -15,6 +16,13 @@
 //! engine with vhost-user devices (the QEMU TCG engine) cannot use a private restore; it would
 //! need the memory file copied into a fresh memfd (no sharing) or a lazily filled shared memfd
 //! (userfaultfd), which this module does not do.
+//!
+//! KSM merges only anonymous pages in VMAs marked `MADV_MERGEABLE`; the memfd's pages are shmem,
+//! never merged. So RAM that should be merged with other VMs' identical pages is private
+//! anonymous memory (`MAP_NORESERVE`, sized as the memfd would be) marked mergeable
+//! ([`GuestRam::anonymous`]); it has no fd either, so only an engine without vhost-user
+//! back-ends (the project's own VMM) can use it. A private restore's written pages are
+//! anonymous too: [`GuestRam::mark_mergeable`] marks its mapping.
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -65,6 +73,9 @@ pub enum Error {
     /// Mapping the memory file privately failed.
     #[error("mapping the memory file privately: {0}")]
     MapPrivate(#[source] vm_memory::mmap::MmapRegionError),
+    /// `madvise(MADV_MERGEABLE)` failed (a kernel without `CONFIG_KSM`).
+    #[error("marking guest memory mergeable: {0}")]
+    Mergeable(#[source] std::io::Error),
     /// The mapped regions did not form a guest memory map.
     #[error("assembling the guest memory map: {0}")]
     Regions(#[source] vm_memory::GuestRegionCollectionError),
@@ -77,11 +88,14 @@ pub enum Backing {
     Memfd,
     /// A snapshot's memory file, mapped privately (copy-on-write; a restored VM).
     PrivateFile,
+    /// Private anonymous memory marked `MADV_MERGEABLE` (a booted VM whose RAM KSM may merge).
+    Anonymous,
 }
 
 /// Guest RAM and the file behind it.
 pub struct GuestRam {
-    file: File,
+    /// The memfd or snapshot file; `None` for anonymous RAM.
+    file: Option<File>,
     size: u64,
     memory: GuestMemoryMmap,
     backing: Backing,
@@ -111,7 +125,38 @@ impl GuestRam {
             offset += len;
         }
         let memory = GuestMemoryMmap::from_ranges_with_files(ranges).map_err(Error::Map)?;
-        Ok(GuestRam { file, size, memory, backing: Backing::Memfd })
+        Ok(GuestRam { file: Some(file), size, memory, backing: Backing::Memfd })
+    }
+
+    /// Creates `size` bytes of guest RAM (a multiple of 4 KiB) as private anonymous memory
+    /// (`MAP_NORESERVE`, not backed by pages until touched) marked `MADV_MERGEABLE`, so KSM
+    /// (when the host's ksmd runs) may merge its pages with identical pages of other VMs.
+    pub fn anonymous(size: u64) -> Result<Self, Error> {
+        if size == 0 || !size.is_multiple_of(4096) {
+            return Err(Error::BadSize(size));
+        }
+        let ranges: Vec<_> =
+            layout::ram_regions(size).into_iter().map(|(start, len)| (GuestAddress(start), len as usize)).collect();
+        // vm-memory maps file-less ranges `MAP_ANONYMOUS | MAP_PRIVATE | MAP_NORESERVE`.
+        let memory = GuestMemoryMmap::from_ranges(&ranges).map_err(Error::Map)?;
+        let ram = GuestRam { file: None, size, memory, backing: Backing::Anonymous };
+        ram.mark_mergeable()?;
+        Ok(ram)
+    }
+
+    /// Marks every region `MADV_MERGEABLE`. For a private restore this covers the pages the
+    /// guest writes (its own anonymous copies); the file's page-cache pages stay shared as
+    /// they are. For memfd RAM the advice is accepted but KSM never merges shmem pages.
+    pub fn mark_mergeable(&self) -> Result<(), Error> {
+        for (_, len, host) in self.regions() {
+            // SAFETY: `host..host + len` is a whole mapping this `GuestRam` owns and keeps
+            // mapped; MADV_MERGEABLE changes no contents, only lets ksmd scan the pages.
+            let rc = unsafe { libc::madvise(host as *mut libc::c_void, len as usize, libc::MADV_MERGEABLE) };
+            if rc != 0 {
+                return Err(Error::Mergeable(std::io::Error::last_os_error()));
+            }
+        }
+        Ok(())
     }
 
     /// Maps a snapshot's memory `file` (laid out as the memfd is: the regions of
@@ -142,7 +187,7 @@ impl GuestRam {
             offset += len;
         }
         let memory = GuestMemoryMmap::from_regions(regions).map_err(Error::Regions)?;
-        Ok(GuestRam { file, size, memory, backing: Backing::PrivateFile })
+        Ok(GuestRam { file: Some(file), size, memory, backing: Backing::PrivateFile })
     }
 
     /// The guest memory map, for loaders and device models.
@@ -152,9 +197,13 @@ impl GuestRam {
 
     /// The memfd, for sharing with a vhost-user front-end. Region `i` of
     /// [`layout::ram_regions`] starts at the sum of the sizes of the regions before it.
-    /// `None` for RAM restored privately from a snapshot (see the module docs).
+    /// `None` for RAM restored privately from a snapshot and for anonymous RAM (see the
+    /// module docs).
     pub fn fd(&self) -> Option<BorrowedFd<'_>> {
-        (self.backing == Backing::Memfd).then(|| self.file.as_fd())
+        match self.backing {
+            Backing::Memfd => self.file.as_ref().map(|f| f.as_fd()),
+            Backing::PrivateFile | Backing::Anonymous => None,
+        }
     }
 
     /// What the RAM is backed by.
@@ -163,9 +212,10 @@ impl GuestRam {
     }
 
     /// The backing file (memfd or snapshot file), for writing a snapshot: in it, the data of
-    /// a memfd-backed RAM is exactly the pages the guest touched (`SEEK_DATA`).
-    pub(crate) fn backing_file(&self) -> &File {
-        &self.file
+    /// a memfd-backed RAM is exactly the pages the guest touched (`SEEK_DATA`). `None` for
+    /// anonymous RAM.
+    pub(crate) fn backing_file(&self) -> Option<&File> {
+        self.file.as_ref()
     }
 
     /// Total RAM in bytes.
@@ -224,6 +274,29 @@ mod tests {
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, 0x1234).unwrap();
         assert_eq!(buf, [7], "the guest's write did not reach the file");
         assert!(matches!(GuestRam::from_snapshot(file, 2 << 20), Err(Error::FileSize { .. })));
+    }
+
+    #[test]
+    fn anonymous_ram_is_mergeable_and_has_no_fd() {
+        let ram = GuestRam::anonymous(4 << 20).unwrap();
+        assert_eq!(ram.backing(), Backing::Anonymous);
+        assert!(ram.fd().is_none(), "anonymous RAM has no fd to share");
+        assert!(ram.backing_file().is_none());
+        assert_eq!(ram.size(), 4 << 20);
+        assert_eq!(ram.memory().read_obj::<u64>(GuestAddress(0x3f_f000)).unwrap(), 0, "zero-filled");
+        ram.memory().write_obj(0xfeed_f00du32, GuestAddress(0x2000)).unwrap();
+        assert_eq!(ram.memory().read_obj::<u32>(GuestAddress(0x2000)).unwrap(), 0xfeed_f00d);
+        let (_, _, host) = ram.regions()[0];
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let header = format!("{host:x}-");
+        // The VMA's block runs from its header line to its `VmFlags:` line (each block's last).
+        let flags = smaps
+            .lines()
+            .skip_while(|l| !l.starts_with(&header))
+            .find(|l| l.starts_with("VmFlags:"))
+            .expect("the mapping's VMA is in smaps");
+        assert!(flags.split_whitespace().any(|f| f == "mg"), "VMA not marked mergeable: {flags}");
+        assert!(matches!(GuestRam::anonymous(4097), Err(Error::BadSize(4097))));
     }
 
     #[test]

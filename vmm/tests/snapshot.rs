@@ -483,3 +483,60 @@ fn a_two_vcpu_vm_and_a_clone_of_a_clone_keep_counting() {
     handle.stop();
     assert_eq!(runner.join().unwrap(), VmExit::Stopped);
 }
+
+/// The `VmFlags` of this process's mapping at `addr`.
+fn vm_flags_of(addr: u64) -> String {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let header = format!("{addr:x}-");
+    smaps
+        .lines()
+        .skip_while(|l| !l.starts_with(&header))
+        .find_map(|l| l.strip_prefix("VmFlags:"))
+        .expect("the mapping's VmFlags")
+        .to_string()
+}
+
+#[test]
+fn a_vm_with_mergeable_ram_snapshots_and_its_clone_continues() {
+    common::require_kvm();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let paths = SnapshotPaths::in_dir(dir.path());
+    let mergeable = || VmConfig { mergeable: true, ..config() };
+
+    let mut builder = pvisor_vmm::VmBuilder::new(mergeable()).unwrap();
+    builder.load_flat(&guest("snapcount")).unwrap();
+    let vm = builder.build().unwrap();
+    assert_eq!(vm.ram().backing(), pvisor_vmm::memory::Backing::Anonymous);
+    assert!(vm.ram().fd().is_none(), "anonymous RAM has no fd to share");
+    assert!(vm_flags_of(ram_addr(&vm)).split_whitespace().any(|f| f == "mg"), "booted RAM is MADV_MERGEABLE");
+    let snapshotter = vm.snapshotter().expect("a VM with anonymous RAM can be snapshotted");
+    let (handle, console) = (vm.handle(), vm.console());
+    let original = std::thread::spawn(move || vm.run());
+    wait_for_step(&console, 300, &original);
+    handle.pause().unwrap();
+    let before = console_text(&console);
+    let info = snapshotter.snapshot(&paths).expect("taking the snapshot");
+    println!("snapshot of anonymous RAM: {info:?}");
+    handle.stop();
+    assert_eq!(original.join().unwrap(), VmExit::Stopped);
+    let at_snapshot = check(&before);
+    assert_eq!(info.memory_scanned, config().memory_bytes, "anonymous RAM is scanned whole");
+    assert!(info.memory_written >= 8 << 20, "the 8 MiB fill is in the memory file ({} bytes)", info.memory_written);
+    assert!(info.memory_written < 16 << 20, "zero pages were not written ({} bytes)", info.memory_written);
+
+    // A clone restored with `mergeable`: its private mapping is marked, and it continues.
+    let vm = snapshot::restore(&paths, mergeable()).expect("restoring the snapshot of anonymous RAM");
+    assert_eq!(vm.ram().backing(), pvisor_vmm::memory::Backing::PrivateFile);
+    assert!(vm_flags_of(ram_addr(&vm)).split_whitespace().any(|f| f == "mg"), "restored RAM marked mergeable");
+    let (handle, console) = (vm.handle(), vm.console());
+    let (_, seed) = vm.clone_identity();
+    let runner = std::thread::spawn(move || vm.run());
+    let target = at_snapshot.last_step + 300;
+    wait_for_step(&console, target, &runner);
+    handle.pause().unwrap();
+    let t = check(&(before + &console_text(&console)));
+    assert!(t.last_step >= target, "the clone continued the sequence to step {}", t.last_step);
+    assert_eq!(t.gens[1..], [GenLine { generation: 1, seed: hex_seed(&seed), sum: fill_sum() }]);
+    handle.stop();
+    assert_eq!(runner.join().unwrap(), VmExit::Stopped);
+}

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use pvisor_proto::agent::AgentConfig;
 use pvisor_proto::worker as pb;
 use pvisor_proto::worker::worker_client::WorkerClient;
-use pvisor_worker::config::{BackendConfig, Limits, NsConfig, WorkerConfig};
+use pvisor_worker::config::{BackendConfig, Limits, NsConfig, VmConfig, WorkerConfig};
 use pvisor_worker::expiry::EXPIRED_EXIT_CODE;
 use pvisor_worker::READY_TIMEOUT;
 use std::path::{Path, PathBuf};
@@ -68,7 +68,8 @@ fn backend_config(ctx: &Ctx, spec: &LaunchSpec, state_dir: &Path) -> Result<Back
         })),
         RootFs::Disk(disk) => {
             let vm = ctx.vm.as_ref().map_err(|e| format!("the vm backend is not available on this server: {e}"))?;
-            vm.config(disk.clone(), &spec.limits, state_dir).map(BackendConfig::Vm)
+            let memory_merge = ctx.memory_merge.is_some();
+            vm.config(disk.clone(), &spec.limits, state_dir).map(|c| BackendConfig::Vm(VmConfig { memory_merge, ..c }))
         }
     }
 }

@@ -106,6 +106,8 @@ impl VmAssets {
             console_log: state_dir.join("console.log").to_string_lossy().into_owned(),
             engine: self.engine as i32,
             cmdline_extra: String::new(),
+            // Set by the launch from the server's `--memory-merge`.
+            memory_merge: false,
         })
     }
 }

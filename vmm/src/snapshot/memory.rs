@@ -4,7 +4,8 @@
 //! sparse: only pages holding something other than zeros are written. For memfd-backed RAM only
 //! the memfd's data ranges (`SEEK_DATA`/`SEEK_HOLE`, the pages the guest or the loader ever
 //! touched) are read, so a snapshot of a VM that used little of its RAM reads little; RAM that is
-//! itself a private mapping of a snapshot is scanned whole.
+//! itself a private mapping of a snapshot, and anonymous RAM, are scanned whole (reading an
+//! untouched anonymous page maps the shared zero page: it costs no memory).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -49,10 +50,11 @@ fn data_ranges(file: &File, from: u64, to: u64) -> Vec<(u64, u64)> {
     ranges
 }
 
-/// Writes `memory` (backed by `backing_file` of kind `backing`) into a new file at `path`.
+/// Writes `memory` (backed by `backing_file` of kind `backing`; `None` for anonymous RAM) into
+/// a new file at `path`.
 pub fn write(
     memory: &GuestMemoryMmap,
-    backing_file: &File,
+    backing_file: Option<&File>,
     backing: Backing,
     path: &Path,
 ) -> Result<MemoryStats, Error> {
@@ -65,9 +67,9 @@ pub fn write(
     let mut file_offset = 0u64;
     for region in memory.iter() {
         let (guest, len) = (region.start_addr().0, region.len());
-        let ranges = match backing {
-            Backing::Memfd => data_ranges(backing_file, file_offset, file_offset + len),
-            Backing::PrivateFile => vec![(file_offset, file_offset + len)],
+        let ranges = match (backing, backing_file) {
+            (Backing::Memfd, Some(file)) => data_ranges(file, file_offset, file_offset + len),
+            _ => vec![(file_offset, file_offset + len)],
         };
         for (start, end) in ranges {
             let mut at = start;
@@ -129,5 +131,20 @@ mod tests {
         assert_eq!(restored.memory().read_obj::<u8>(GuestAddress(0x3f_ffff)).unwrap(), 0x55);
         assert_eq!(restored.memory().read_obj::<u8>(GuestAddress(0x3f_e000)).unwrap(), 0x66);
         assert_eq!(restored.memory().read_obj::<u32>(GuestAddress(0x10_0000)).unwrap(), 0);
+    }
+
+    #[test]
+    fn anonymous_ram_is_scanned_whole_and_reads_back() {
+        let ram = GuestRam::anonymous(2 << 20).unwrap();
+        ram.memory().write_obj(0xabcdu16, GuestAddress(0x5000)).unwrap();
+        ram.memory().write_obj(0x77u8, GuestAddress(0x1f_ffff)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memory");
+        let stats = write(ram.memory(), ram.backing_file(), ram.backing(), &path).unwrap();
+        assert_eq!(stats.written, 2 * PAGE as u64, "two non-zero pages");
+        assert_eq!(stats.scanned, 2 << 20, "anonymous RAM is scanned whole");
+        let restored = GuestRam::from_snapshot(File::open(&path).unwrap(), 2 << 20).unwrap();
+        assert_eq!(restored.memory().read_obj::<u16>(GuestAddress(0x5000)).unwrap(), 0xabcd);
+        assert_eq!(restored.memory().read_obj::<u8>(GuestAddress(0x1f_ffff)).unwrap(), 0x77);
     }
 }

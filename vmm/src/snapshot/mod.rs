@@ -108,7 +108,7 @@ pub struct Snapshotter {
     clone_id: Arc<Mutex<CloneId>>,
     debug_exit: bool,
     memory: GuestMemoryMmap,
-    backing_file: File,
+    backing_file: Option<File>,
     backing: Backing,
     transports: Vec<(VirtioMmioSlot, SharedTransport)>,
 }
@@ -120,7 +120,7 @@ impl Vm {
             return Err(Error::Unsupported(what));
         }
         let views = self.vcpus.iter().map(|v| self.vm.vcpu_view(v)).collect::<Result<Vec<_>, _>>()?;
-        let backing_file = self.ram.backing_file().try_clone().map_err(|source| Error::Io {
+        let backing_file = self.ram.backing_file().map(File::try_clone).transpose().map_err(|source| Error::Io {
             what: "duplicating",
             path: "the guest memory fd".into(),
             source,
@@ -194,7 +194,7 @@ impl Snapshotter {
             devices: state::DevicesState { serial, clone_generation, debug_exit: self.debug_exit, virtio },
             memory: state::MemoryState { bytes: regions.iter().map(|r| r.1).sum(), regions },
         };
-        let stats = memory::write(&self.memory, &self.backing_file, self.backing, &paths.memory)?;
+        let stats = memory::write(&self.memory, self.backing_file.as_ref(), self.backing, &paths.memory)?;
         drop(cells);
         drop(transports);
         let state_bytes = format::write(&snapshot, &paths.state)?;
@@ -234,6 +234,9 @@ pub fn restore_with_devices(
     let vm = kvm.create_vm()?;
     vm.restore_state(&snapshot.vm)?;
     let ram = GuestRam::from_snapshot(file, snapshot.memory.bytes)?;
+    if config.mergeable {
+        ram.mark_mergeable()?;
+    }
     let start =
         DeviceStart { serial: Some(&snapshot.devices.serial), generation: snapshot.devices.clone_generation + 1 };
     let mut builder = VmBuilder::assemble(config, kvm, vm, ram, start)?;

@@ -63,7 +63,11 @@ impl VmBuilder {
         }
         let kvm = Hypervisor::open()?;
         let vm = kvm.create_vm()?;
-        let ram = GuestRam::new(config.memory_bytes)?;
+        let ram = if config.mergeable {
+            GuestRam::anonymous(config.memory_bytes)?
+        } else {
+            GuestRam::new(config.memory_bytes)?
+        };
         Self::assemble(config, kvm, vm, ram, DeviceStart { serial: None, generation: 0 })
     }
 

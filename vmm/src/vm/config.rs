@@ -19,6 +19,10 @@ pub struct VmConfig {
     pub debug_exit: bool,
     /// Whether vCPU threads install the `vcpu` seccomp filter (always, outside debugging).
     pub vcpu_seccomp: bool,
+    /// Whether guest RAM is private anonymous memory marked `MADV_MERGEABLE` (KSM may merge
+    /// it with identical pages of other VMs) instead of the shareable memfd. Such RAM has no fd
+    /// for vhost-user back-ends. On a restore: mark the private copy-on-write mapping mergeable.
+    pub mergeable: bool,
 }
 
 impl Default for VmConfig {
@@ -30,6 +34,7 @@ impl Default for VmConfig {
             console_file: None,
             debug_exit: false,
             vcpu_seccomp: true,
+            mergeable: false,
         }
     }
 }

@@ -68,6 +68,8 @@ pub fn start(vm: &VmConfig, hostname: &str, boot_timeout: Duration, net_end: Opt
         memory_bytes: vm.memory_mib << 20,
         console_memory_cap: MEMORY_CAP,
         console_file: Some((console_file, FILE_CAP)),
+        // `--memory-merge`: anonymous RAM KSM may merge (no vhost-user here needs the memfd).
+        mergeable: vm.memory_merge,
         ..Default::default()
     };
     let mut b = VmBuilder::new(config).map_err(vmm_err("vm"))?;
