@@ -49,11 +49,22 @@ def own_cgroup_dirs() -> dict[str, Path]:
     return out
 
 
-def delegate_v1(pw, dirs: dict[str, Path]) -> list[Path]:
+def _group_name(tag: str) -> str:
+    return f"{USER}-{tag}-{os.getpid()}" if tag else f"{USER}-{os.getpid()}"
+
+
+def delegate(pw, tag: str = "") -> list[Path]:
+    """Delegated groups for the user, on whichever hierarchy the host has (`tag` keeps
+    delegations of one test process apart)."""
+    dirs = own_cgroup_dirs()
+    return [delegate_v2(pw, tag)] if "memory" not in dirs else delegate_v1(pw, dirs, tag)
+
+
+def delegate_v1(pw, dirs: dict[str, Path], tag: str = "") -> list[Path]:
     """v1 (these hosts): a group of the user's in every hierarchy pvisor uses."""
     groups = []
     for c in ["memory", *V1_CONTROLLERS]:
-        g = dirs[c] / f"{USER}-{os.getpid()}"
+        g = dirs[c] / _group_name(tag)
         g.mkdir(exist_ok=True)
         for p in [g, *g.iterdir()]:
             os.chown(p, pw.pw_uid, pw.pw_gid)
@@ -61,7 +72,7 @@ def delegate_v1(pw, dirs: dict[str, Path]) -> list[Path]:
     return groups
 
 
-def delegate_v2(pw) -> Path:
+def delegate_v2(pw, tag: str = "") -> Path:
     """v2 (tests/cgroupv2): a subtree delegated as systemd delegates one (Delegate=yes): a
     group whose parent hands it memory, cpu and pids, the group and its cgroup.procs,
     cgroup.subtree_control and cgroup.threads owned by the user. Made at the hierarchy's
@@ -72,7 +83,7 @@ def delegate_v2(pw) -> Path:
     for c in ("memory", "cpu", "pids"):
         if c not in have:
             (root / "cgroup.subtree_control").write_text(f"+{c}")
-    g = root / f"{USER}-{os.getpid()}"
+    g = root / _group_name(tag)
     g.mkdir(exist_ok=True)
     for p in (g, g / "cgroup.procs", g / "cgroup.subtree_control", g / "cgroup.threads"):
         os.chown(p, pw.pw_uid, pw.pw_gid)
@@ -93,8 +104,7 @@ def delegated():
     if subprocess.run(["id", USER], capture_output=True).returncode != 0:
         subprocess.run(["useradd", "--system", "--no-create-home", USER], check=True)
     pw = pwd.getpwnam(USER)
-    dirs = own_cgroup_dirs()
-    groups = [delegate_v2(pw)] if "memory" not in dirs else delegate_v1(pw, dirs)
+    groups = delegate(pw)
     data = Path(tempfile.mkdtemp(prefix="pvisor-nonroot-", dir="/tmp"))
     data.chmod(0o755)
     os.chown(data, pw.pw_uid, pw.pw_gid)

@@ -1,7 +1,8 @@
 """An unprivileged broker for e2e tests: one place that sets the scene.
 
-`Delegation` makes a system user (test_nonroot.USER), delegates it a v1 cgroup of
-each controller beneath this process's own, and opens /dev/fuse and /dev/net/tun to
+`Delegation` makes a system user (test_nonroot.USER), delegates it cgroups
+(`test_nonroot.delegate`: v1, a group of each controller beneath this process's own; v2, a
+subtree as systemd's `Delegate=yes` gives one), and opens /dev/fuse and /dev/net/tun to
 it (Debian's udev makes both 0666; these hosts have no udev and leave them 0600);
 `close()` undoes that. `start_unprivileged(...)` starts a `PvisorServer` (conftest)
 as that user inside those groups, on a data dir it owns, and returns it with its
@@ -19,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from conftest import PvisorServer, _start_server
-from test_nonroot import USER, V1_CONTROLLERS, own_cgroup_dirs
+from test_nonroot import USER, delegate
 
 
 class Delegation:
-    """A system user with delegated v1 cgroups and /dev/fuse, /dev/net/tun opened to it."""
+    """A system user with delegated cgroups and /dev/fuse, /dev/net/tun opened to it."""
 
     DEVICES = ["/dev/fuse", "/dev/net/tun"]
 
@@ -33,17 +34,7 @@ class Delegation:
         if subprocess.run(["id", USER], capture_output=True).returncode != 0:
             subprocess.run(["useradd", "--system", "--no-create-home", USER], check=True)
         self.pw = pwd.getpwnam(USER)
-        dirs = own_cgroup_dirs()
-        v2 = dirs.get("")
-        if v2 is not None and (v2 / "cgroup.controllers").exists() and "memory" in (v2 / "cgroup.controllers").read_text():
-            pytest.skip("this suite's unprivileged broker uses v1 delegation (v2 hosts: see the Rust cgroup tests)")
-        self.groups: list[Path] = []
-        for c in ["memory", *V1_CONTROLLERS]:
-            g = dirs[c] / f"{USER}-{tag}-{os.getpid()}"
-            g.mkdir(exist_ok=True)
-            for p in [g, *g.iterdir()]:
-                os.chown(p, self.pw.pw_uid, self.pw.pw_gid)
-            self.groups.append(g)
+        self.groups: list[Path] = delegate(self.pw, tag)
         self.modes = {d: os.stat(d).st_mode & 0o7777 for d in self.DEVICES if os.path.exists(d)}
         for d in self.modes:
             os.chmod(d, 0o666)
