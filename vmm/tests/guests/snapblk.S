@@ -66,35 +66,7 @@ request:
     inc r12
     jmp request
 
-/* Prints rax as 16 hex digits. Clobbers rax, rcx, rdx, r8. */
-hex64:
-    mov r8, rax
-    mov rcx, 16
-4:  rol r8, 4
-    mov rax, r8
-    and rax, 0xf
-    cmp al, 10
-    jb 5f
-    add al, 'a' - 10
-    jmp 6f
-5:  add al, '0'
-6:  mov dx, COM1
-    out dx, al
-    dec rcx
-    jnz 4b
-    ret
-
-space:
-    mov dx, COM1
-    mov al, ' '
-    out dx, al
-    ret
-
-newline:
-    mov dx, COM1
-    mov al, 10
-    out dx, al
-    ret
+.include "print.inc"
 
 .section .rodata
 ready: .asciz "ready\n"
