@@ -37,6 +37,56 @@ ensure_packages() {
     command -v cargo >/dev/null || { echo "cargo not found: install a Rust toolchain (rustup, stable)" >&2; exit 1; }
 }
 
+# A QEMU whose vhost-user-vsock device migrates, for snapshots of vm sandboxes under the QEMU
+# TCG test engine. Upstream QEMU (Debian 12's 7.2, and 10.0) marks that device unmigratable, so
+# QEMU 10.0.2 (Debian's source, the one trixie ships) is built once with scripts/qemu/'s patch
+# (it migrates as the kernel vhost-vsock device does) and only the test engine's devices
+# (scripts/qemu/pvisor.mak), into $PVISOR_CACHE/qemu/<version>-<key>; the system's QEMU stays as
+# it is and provides the firmware (bios-microvm.bin). About 10 minutes on 2 cores, once.
+# Exports its path as PVISOR_QEMU (read by the broker and the worker).
+QEMU_VERSION=10.0.2
+QEMU_SHA256=0901da33844a331bf8b3602b9c1fbd178e60b737c8e3ade678255bd090c9b9f1
+qemu_snapshots() {
+    local key dir work tarball=qemu_${QEMU_VERSION}+ds.orig.tar.xz
+    key=$( (cat "$REPO"/scripts/qemu/*; declare -f qemu_snapshots) | sha256sum | cut -c1-16)
+    dir=$PVISOR_CACHE/qemu/$QEMU_VERSION-$key
+    export PVISOR_QEMU=$dir/bin/qemu-system-x86_64
+    [ -x "$PVISOR_QEMU" ] && return
+    install_missing curl xz-utils patch ninja-build pkgconf libglib2.0-dev zlib1g-dev libpixman-1-dev \
+        libseccomp-dev libfdt-dev flex bison python3-venv
+    log "building QEMU $QEMU_VERSION with scripts/qemu/ into $dir (vm snapshots under the test engine; once)"
+    mkdir -p "$PVISOR_CACHE/qemu"
+    if [ ! -f "$PVISOR_CACHE/qemu/$tarball" ]; then
+        curl -fsSL --retry 3 -o "$PVISOR_CACHE/qemu/$tarball.tmp" "http://deb.debian.org/debian/pool/main/q/qemu/$tarball"
+        mv "$PVISOR_CACHE/qemu/$tarball.tmp" "$PVISOR_CACHE/qemu/$tarball"
+    fi
+    echo "$QEMU_SHA256  $PVISOR_CACHE/qemu/$tarball" | sha256sum -c --quiet
+    work=$PVISOR_CACHE/qemu/build-$key
+    rm -rf "$work" && mkdir -p "$work"
+    tar -C "$work" -xf "$PVISOR_CACHE/qemu/$tarball"
+    # configure wants meson >= 1.5 (Debian 12 has 1.0) and finds it in the Python it is given.
+    python3 -m venv "$work/venv" && "$work/venv/bin/pip" install -q meson==1.5.0 pycotap==1.3.1
+    (
+        cd "$work/qemu-$QEMU_VERSION"
+        patch -p1 -s <"$REPO/scripts/qemu/vhost-user-vsock-migration.patch"
+        cp "$REPO/scripts/qemu/pvisor.mak" configs/devices/x86_64-softmmu/pvisor.mak
+        # Debian's source has no firmware blobs (the system's are used): skip unpacking them.
+        sed -i 's/^if unpack_edk2_blobs$/if false/' pc-bios/meson.build
+        mkdir build && cd build
+        ../configure --python="$work/venv/bin/python3" --prefix="$dir" --target-list=x86_64-softmmu \
+            --without-default-features --without-default-devices --with-devices-x86_64=pvisor \
+            --enable-tcg --enable-seccomp --enable-vhost-user --enable-vhost-net --enable-fdt=system --enable-pixman \
+            --disable-docs --disable-werror --disable-install-blobs >"$work/configure.log"
+        ninja -j"$(nproc)" qemu-system-x86_64 >"$work/build.log"
+        install -D -m 0755 qemu-system-x86_64 "$dir/bin/qemu-system-x86_64.tmp"
+    )
+    # Its data directory (relative to the binary) is the system's: firmware and option ROMs.
+    mkdir -p "$dir/share" && ln -sfn /usr/share/qemu "$dir/share/qemu"
+    "$dir/bin/qemu-system-x86_64.tmp" --version >/dev/null
+    mv "$dir/bin/qemu-system-x86_64.tmp" "$PVISOR_QEMU"
+    rm -rf "$work"
+}
+
 # Host settings the sandboxes need.
 host_setup() {
     # An ns sandbox's network is a tap its init creates with the worker's own identity, so an

@@ -4,6 +4,7 @@
 # benchmark harness's smoke mode.
 source "$(dirname "$0")/common.sh"
 ensure_packages
+qemu_snapshots
 host_setup
 build
 guest_kernel

@@ -111,6 +111,18 @@ impl Agent for AgentService {
         Ok(Response::new(ping_reply()))
     }
 
+    async fn refresh(&self, req: Request<RefreshRequest>) -> Res<Empty> {
+        let req = req.into_inner();
+        match tokio::task::spawn_blocking(move || crate::guest::refresh::apply(req)).await {
+            Ok(Ok(())) => Ok(Response::new(Empty {})),
+            Ok(Err(None)) => {
+                Err(Status::failed_precondition("only a vm guest's agent refreshes its clock and identity"))
+            }
+            Ok(Err(Some(e))) => Err(Status::internal(e)),
+            Err(e) => Err(Status::internal(e.to_string())),
+        }
+    }
+
     type ExecStream = Stream<ExecEvent>;
     async fn exec(&self, req: Request<ExecRequest>) -> Res<Self::ExecStream> {
         self.configured()?;

@@ -234,21 +234,3 @@ def test_snapshot_survives_a_broker_restart(own_server):
     own_server.start()
     r = httpx.get(f"{own_server.url}/v1/snapshots/{info.id}", timeout=30)
     assert r.status_code == 404
-
-
-def test_vm_sandbox_snapshot_is_a_clear_501(tmp_path_factory):
-    from test_vm_backend import VM_ENV, guest_kernel
-
-    kernel = guest_kernel()
-    srv = _start_server(tmp_path_factory, "snapvm", ["busybox.tar"],
-                        {**VM_ENV, "PVISOR_GUEST_KERNEL": str(kernel)}, ["--backend", "vm", "--warm-workers", "1"])
-    f = SandboxFactory(_make_conn(srv.addr))
-    try:
-        sb = f(BUSYBOX)
-        resp = httpx.post(f"{srv.url}/v1/sandboxes/{sb.id}/snapshots", json={}, timeout=30)
-        body = assert_error_json(resp, 501)
-        assert body["code"] == "SNAPSHOT::NOT_IMPLEMENTED"
-        assert "vm" in body["message"] and "memory" in body["message"]
-    finally:
-        f.cleanup()
-        srv.stop()

@@ -74,12 +74,29 @@ pub trait Sandbox: Send + Sync {
     fn console_tail(&self) -> String {
         String::new()
     }
+    /// Stops the sandbox's vCPUs and writes its whole machine state (guest
+    /// memory included) to `state_path`; the vCPUs stay stopped until
+    /// [`Sandbox::resume`]. Only a vm engine that can ([`WorkerError::Unsupported`] otherwise).
+    fn snapshot(&self, state_path: &std::path::Path) -> Result<SnapshotTaken> {
+        let _ = state_path;
+        Err(WorkerError::Unsupported(format!("snapshots of the machine state of {} sandboxes", self.backend())))
+    }
     /// Brings what the sandbox sees of its own resources up to date (ns:
     /// its `/proc/meminfo`); called about once a second
     /// ([`VIEW_REFRESH`]). Nothing by default.
     fn refresh_views(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// What [`Sandbox::snapshot`] wrote.
+#[derive(Clone, Debug)]
+pub struct SnapshotTaken {
+    /// The guest kernel command line the sandbox booted with (a restore's).
+    pub cmdline: String,
+    pub state_bytes: u64,
+    /// How long the vCPUs have been stopped for it.
+    pub stopped: std::time::Duration,
 }
 
 /// The sandbox's side of its network link, for the worker to hand to netd:

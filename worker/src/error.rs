@@ -25,6 +25,10 @@ pub enum WorkerError {
     Seccomp(String),
     #[error("agent: {0}")]
     Agent(String),
+    #[error("not supported here: {0}")]
+    Unsupported(String),
+    #[error("snapshot: {0}")]
+    Snapshot(String),
 }
 
 impl WorkerError {

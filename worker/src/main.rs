@@ -151,6 +151,25 @@ fn refresh_views(sandbox: Arc<dyn Sandbox>) {
     });
 }
 
+/// A call that failed because its connection went away (tonic reports a
+/// connection reset mid-call as UNKNOWN "transport error", a refused
+/// reconnect as UNAVAILABLE), not because the agent refused it.
+fn lost_connection(s: &tonic::Status) -> bool {
+    matches!(s.code(), tonic::Code::Unavailable)
+        || (s.code() == tonic::Code::Unknown && s.message() == "transport error")
+}
+
+/// What `Agent.Refresh` gives a guest: the host's time now, 64 bytes from
+/// the host's getrandom, the sandbox's hostname.
+fn guest_refresh(hostname: &str) -> pvisor_proto::agent::RefreshRequest {
+    let mut entropy = vec![0u8; 64];
+    // SAFETY: getrandom writes at most entropy.len() bytes into the buffer we own.
+    let n = unsafe { libc::getrandom(entropy.as_mut_ptr().cast(), entropy.len(), 0) };
+    entropy.truncate(n.max(0) as usize);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    pvisor_proto::agent::RefreshRequest { unix_time_ns: now.as_nanos() as i64, entropy, hostname: hostname.to_string() }
+}
+
 /// Exits the worker when the sandbox ends (a crash unless shutting down).
 fn watch_sandbox(sandbox: Arc<dyn Sandbox>) {
     std::thread::spawn(move || {
@@ -272,10 +291,31 @@ fn main() {
                     router = router.add_service(AgentForward::new(channel.clone()));
                     let mut client = AgentClient::new(channel);
                     let agent_cfg = cfg.agent.clone().unwrap_or_default();
+                    let hostname = common.hostname.clone();
                     tokio::spawn(async move {
                         // One deadline for connecting (a guest's boot) and configuring.
                         let deadline = tokio::time::Instant::from_std(t0 + AGENT_READY_TIMEOUT);
-                        let r = tokio::time::timeout_at(deadline, client.configure(agent_cfg)).await;
+                        let r = tokio::time::timeout_at(deadline, async {
+                            let ping = loop {
+                                match client.configure(agent_cfg.clone()).await {
+                                    // A guest restored from a snapshot resets its vsock
+                                    // connections once it runs (the transport reset QEMU sends
+                                    // after loading): the channel reconnects; try again.
+                                    Err(s) if sb.backend() == "vm" && lost_connection(&s) => {
+                                        tracing::debug!("configuring the agent: {}; again", s.message());
+                                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                                    }
+                                    r => break r?,
+                                }
+                            };
+                            // A guest gets the host's clock, fresh entropy and its hostname
+                            // before anything runs in it (a restored one resumes with its source's).
+                            if sb.backend() == "vm" {
+                                client.refresh(guest_refresh(&hostname)).await?;
+                            }
+                            Ok::<_, tonic::Status>(ping)
+                        })
+                        .await;
                         // Ready needs both the agent and the network.
                         let net = net_started.await.unwrap_or_else(|e| Err(format!("the sandbox's network: {e}")));
                         let state = match (r, net) {

@@ -4,7 +4,7 @@ use crate::cgroup::GroupPaths;
 use crate::config::Limits;
 use crate::netd::{Netd, NetdError};
 use pvisor_proto::worker::worker_server::Worker;
-use pvisor_proto::worker::{Deadline, Empty, MetricsReply, ReadyReply};
+use pvisor_proto::worker::{Deadline, Empty, MetricsReply, ReadyReply, SnapshotReply, SnapshotRequest};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::watch;
@@ -150,6 +150,24 @@ impl Worker for WorkerService {
         }
         self.deadline.send_replace(at);
         Ok(Response::new(Empty {}))
+    }
+
+    async fn snapshot(&self, req: Request<SnapshotRequest>) -> Result<Response<SnapshotReply>, Status> {
+        let sb = self.sandbox()?;
+        let path = std::path::PathBuf::from(req.into_inner().state_path);
+        if !path.is_absolute() || path.exists() {
+            return Err(Status::invalid_argument("state_path must be an absolute path of a file that does not exist"));
+        }
+        match tokio::task::spawn_blocking(move || sb.snapshot(&path)).await {
+            Ok(Ok(t)) => Ok(Response::new(SnapshotReply {
+                cmdline: t.cmdline,
+                state_bytes: t.state_bytes,
+                stopped_us: t.stopped.as_micros() as u64,
+            })),
+            Ok(Err(crate::error::WorkerError::Unsupported(m))) => Err(Status::unimplemented(m)),
+            Ok(Err(e)) => Err(Status::internal(e.to_string())),
+            Err(e) => Err(Status::internal(e.to_string())),
+        }
     }
 
     async fn net_stats(&self, _: Request<Empty>) -> Result<Response<pvisor_proto::net::NetStats>, Status> {

@@ -105,7 +105,7 @@ fn switch_root(newroot: &Path) -> Result<(), GuestError> {
 /// without /etc (or with a symlinked one) is left as it is; a file that
 /// cannot be written (a directory in its place) is reported on the console,
 /// not fatal: the sandbox works without it.
-fn write_etc(hostname: &str, net: bool) {
+pub(crate) fn write_etc(hostname: &str, net: bool) {
     let root = Path::new("/");
     let hosts = if net {
         pvisor_net::plan::hosts(hostname)

@@ -22,6 +22,7 @@ pub mod etc;
 pub mod mounts;
 pub mod net;
 pub mod power;
+pub mod refresh;
 pub mod selftest;
 pub mod vsock;
 
@@ -66,6 +67,11 @@ pub fn init() -> (GuestCmdline, std::os::fd::OwnedFd) {
         Ok(fd) => fd,
         Err(e) => power::fatal(&GuestError::io(format!("bind vsock port {}", cfg.port), e)),
     };
+    // The one thread that keeps the privileges to step the clock, reseed the
+    // random generator and set the hostname (Agent.Refresh).
+    if let Err(e) = refresh::start() {
+        power::fatal(&GuestError::io("start the refresh thread", e));
+    }
     // From here on the guest is the sandbox: what runs in it gets the
     // privileges of an ns sandbox: the capabilities (Docker's default set), inherited from
     // the agent, which is non-dumpable: no CAP_SYS_ADMIN (mounts), no

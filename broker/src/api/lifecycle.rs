@@ -195,7 +195,12 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         return Err(ApiError::bad_request("env keys must be non-empty and must not contain '='"));
     }
 
-    let backend = backend::choose(&ctx, req.extensions.as_ref())?;
+    // A restore runs on its snapshot's backend unless the request names one.
+    let snapshot_backend = req.snapshot_id.as_ref().and_then(|sid| ctx.snapshots.get(sid)).map(|r| match r.vm {
+        Some(_) => pvisor_worker::config::BackendKind::Vm,
+        None => pvisor_worker::config::BackendKind::Ns,
+    });
+    let backend = backend::choose(&ctx, req.extensions.as_ref(), snapshot_backend)?;
     if matches!(backend, pvisor_worker::config::BackendKind::Vm) && !volumes.is_empty() {
         return Err(crate::volumes::VolumeError::BackendCannotMount("vm").into());
     }
@@ -210,28 +215,55 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         (None, None) => return Err(ApiError::bad_request("image is required")),
     };
     let cfg = &record.config;
-    let entrypoint = match &req.entrypoint {
-        Some(ep) => ep.clone(),
-        None if restore.is_some() => snapshots::RESTORE_ENTRYPOINT.iter().map(|s| s.to_string()).collect(),
-        None => cfg.entrypoint.iter().chain(cfg.cmd.iter()).cloned().collect(),
+    let vm_restore = restore.as_ref().and_then(|r| r.vm.clone());
+    let policy = ctx.net.initial_policy(policy);
+    if let Some((snap, _)) = &vm_restore {
+        snapshots::check_vm_restore(snap, &limits, policy.is_some(), &env)?;
+    }
+    let entrypoint = match (&req.entrypoint, &vm_restore) {
+        // A vm restore starts nothing: its machine's processes run on.
+        (_, Some((snap, _))) => snap.agent_entrypoint.clone(),
+        (Some(ep), None) => ep.clone(),
+        (None, None) if restore.is_some() => snapshots::RESTORE_ENTRYPOINT.iter().map(|s| s.to_string()).collect(),
+        (None, None) => cfg.entrypoint.iter().chain(cfg.cmd.iter()).cloned().collect(),
     };
     let id = new_id();
     let mut env_list: Vec<String> = cfg.env.clone();
     env_list.push(format!("OPENSANDBOX_ID={id}"));
     env_list.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    let agent = match &vm_restore {
+        // The restored agent is configured already, with its source's configuration.
+        Some((snap, _)) => AgentConfig {
+            env: snap.agent_env.clone(),
+            workdir: snap.agent_workdir.clone(),
+            user: snap.agent_user.clone(),
+            entrypoint: snap.agent_entrypoint.clone(),
+        },
+        None => AgentConfig {
+            env: env_list,
+            workdir: cfg.working_dir.clone(),
+            user: cfg.user.clone(),
+            entrypoint: entrypoint.clone(),
+        },
+    };
     let origin = Origin {
         backend: Some(backend),
-        env: cfg.env.iter().cloned().chain(env.iter().map(|(k, v)| format!("{k}={v}"))).collect(),
-        working_dir: cfg.working_dir.clone(),
-        user: cfg.user.clone(),
+        env: match &vm_restore {
+            Some(_) => agent.env.iter().filter(|e| !e.starts_with("OPENSANDBOX_ID=")).cloned().collect(),
+            None => cfg.env.iter().cloned().chain(env.iter().map(|(k, v)| format!("{k}={v}"))).collect(),
+        },
+        working_dir: agent.workdir.clone(),
+        user: agent.user.clone(),
         snapshot_id: restore.as_ref().map(|r| r.snapshot_id.clone()),
         tmp_on_root: restore.is_some(),
-    };
-    let agent = AgentConfig {
-        env: env_list,
-        workdir: cfg.working_dir.clone(),
-        user: cfg.user.clone(),
-        entrypoint: entrypoint.clone(),
+        agent_env: agent.env.clone(),
+        vm: match (backend, &ctx.vm) {
+            (pvisor_worker::config::BackendKind::Vm, Ok(_)) => {
+                let (vcpus, memory_mib) = crate::sandbox::vm::VmAssets::shape(&limits);
+                Some(crate::snapshot::VmShape { vcpus, memory_mib, net: policy.is_some() })
+            }
+            _ => None,
+        },
     };
     let image_id = record.id.clone();
     let c = ctx.clone();
@@ -239,7 +271,6 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "IMAGE_SERVE_FAILED", e))?;
-    let policy = ctx.net.initial_policy(policy);
     let net = policy.as_ref().map(|p| ctx.net.config(p));
     let c = ctx.clone();
     let prepared = tokio::task::spawn_blocking(move || crate::volumes::prepare(&volumes, &c.volumes.store))
@@ -255,6 +286,7 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         volumes: prepared.mounts,
         tmp_on_root: origin.tmp_on_root,
         expires_at,
+        vm_restore: vm_restore.map(|(_, files)| files),
     };
     let (mut runtime, child) = launch::launch(&ctx, &spec).await?;
     runtime.volumes = Some(prepared.held);

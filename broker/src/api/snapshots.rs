@@ -90,13 +90,9 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, body: B
         return Err(ApiError::bad_request("name must be 1 to 253 characters"));
     }
     let sb = ctx.registry.get(&id).ok_or_else(|| ApiError::sandbox_not_found(&id))?;
-    if sb.origin.backend == Some(BackendKind::Vm) {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "SNAPSHOT::NOT_IMPLEMENTED",
-            "snapshots of vm sandboxes are not implemented yet: they need the guest's memory, which comes with \
-             vm templates (issue 13); ns sandboxes can be snapshotted",
-        ));
+    let vm = sb.origin.backend == Some(BackendKind::Vm);
+    if vm {
+        vm_snapshots_possible(&ctx, &sb)?;
     }
     let state = sb.status().state;
     if state != SbState::Running || sb.is_deleting() || sb.runtime_dirs().is_none() {
@@ -117,7 +113,8 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, body: B
         last_transition_at: now,
         source_image: sb.image_uri.clone(),
         image_id: None,
-        backend: "ns".into(),
+        backend: if vm { "vm" } else { "ns" }.into(),
+        vm: None,
     };
     ctx.snapshots.insert(rec.clone()).map_err(store_error)?;
     tracing::info!(snapshot = %rec.id, sandbox = %id, "snapshot accepted");
@@ -185,9 +182,12 @@ pub async fn delete(State(ctx): State<Arc<Ctx>>, Path(sid): Path<String>) -> Api
         .map_err(store_error)?;
     let rec = marked.ok_or_else(|| not_found(&sid))??;
     let c = ctx.clone();
-    tokio::task::spawn_blocking(move || forget_image(&c.images, &rec))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+    tokio::task::spawn_blocking(move || {
+        forget_image(&c.images, &rec);
+        c.snapshots.remove_vm_files(&rec.id);
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?;
     ctx.snapshots.remove::<ApiError>(&sid, |_| Ok(())).map_err(store_error)?;
     tracing::info!(snapshot = %sid, "snapshot deleted");
     Ok(StatusCode::NO_CONTENT)
@@ -198,12 +198,70 @@ pub async fn unsupported() -> ApiError {
     ApiError::new(StatusCode::NOT_IMPLEMENTED, "NOT_SUPPORTED", "this snapshot route is not supported by this server")
 }
 
+/// Whether this server can snapshot the vm sandbox `sb` (its engine can).
+fn vm_snapshots_possible(ctx: &Ctx, sb: &crate::sandbox::SandboxEntry) -> ApiResult<()> {
+    let engine = ctx.vm.as_ref().map(|v| v.engine).ok();
+    if engine != Some(pvisor_proto::worker::VmEngine::QemuTcg) {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "SNAPSHOT::NOT_IMPLEMENTED",
+            "snapshots of vm sandboxes are taken by the QEMU engine only; under the project's own VMM the \
+             machine snapshot exists (pvisor_vmm::snapshot) but its worker does not take it yet",
+        ));
+    }
+    if sb.origin.vm.is_none() {
+        return Err(ApiError::conflict(
+            "SNAPSHOT::INVALID_SOURCE_STATE",
+            format!("sandbox {} was created by a server that did not record its machine's shape", sb.id),
+        ));
+    }
+    Ok(())
+}
+
 /// What a create with `snapshotId` starts from.
 pub struct Restore {
     pub snapshot_id: String,
     pub image: pvisor_images::ImageRecord,
     /// The image the snapshot's source sandbox was created from.
     pub source_image: String,
+    /// A vm snapshot: its machine and files.
+    pub vm: Option<(crate::snapshot::VmSnapshot, crate::sandbox::vm::VmRestoreFiles)>,
+}
+
+fn invalid_restore(msg: String) -> ApiError {
+    ApiError::conflict("SNAPSHOT::INVALID_RESTORE_CONFIG", msg)
+}
+
+/// A vm restore's request against its snapshot: the machine must be the
+/// same (vCPUs and memory from `resourceLimits`, a network or none), and
+/// the environment is the source's (the guest's processes keep theirs).
+pub fn check_vm_restore(
+    snap: &crate::snapshot::VmSnapshot,
+    limits: &pvisor_worker::config::Limits,
+    net: bool,
+    env: &std::collections::BTreeMap<String, String>,
+) -> ApiResult<()> {
+    let (vcpus, memory_mib) = crate::sandbox::vm::VmAssets::shape(limits);
+    if (vcpus, memory_mib) != (snap.vcpus, snap.memory_mib) {
+        return Err(invalid_restore(format!(
+            "a vm snapshot resumes its own machine: {} vCPU(s) and {} MiB (resourceLimits cpu \"{}\", memory \"{}Mi\"), \
+             not {vcpus} vCPU(s) and {memory_mib} MiB",
+            snap.vcpus, snap.memory_mib, snap.vcpus, snap.memory_mib
+        )));
+    }
+    if net != snap.net {
+        return Err(invalid_restore(format!(
+            "a vm snapshot resumes its own devices: its source {} a network, this server would {}give it one",
+            if snap.net { "had" } else { "had no" },
+            if net { "" } else { "not " }
+        )));
+    }
+    if !env.is_empty() {
+        return Err(ApiError::bad_request(
+            "env cannot be given to a restore of a vm snapshot: its processes run on with the source's environment",
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a restore request: the snapshot exists and is Ready, no image is
@@ -219,17 +277,41 @@ pub fn restore_source(ctx: &Ctx, sid: &str, has_image: bool, backend: BackendKin
             format!("snapshot {sid} is {}, not Ready", rec.state.as_str()),
         ));
     }
-    if backend != BackendKind::Ns {
-        return Err(ApiError::conflict(
-            "SNAPSHOT::INVALID_RESTORE_CONFIG",
-            format!("snapshot {sid} is of an ns sandbox; it cannot be restored on the {} backend", backend.name()),
-        ));
-    }
-    let image_id = rec.image_id.as_deref().ok_or_else(|| ApiError::internal("a Ready snapshot has no image"))?;
-    let image = ctx.images.resolve(image_id).map_err(|e| {
+    let image_gone = |e: pvisor_images::Error| {
         ApiError::new(StatusCode::NOT_FOUND, "SNAPSHOT::NOT_FOUND", format!("snapshot {sid}'s image: {e}"))
-    })?;
-    Ok(Restore { snapshot_id: sid.to_owned(), image, source_image: rec.source_image })
+    };
+    let Some(vm) = rec.vm else {
+        if backend != BackendKind::Ns {
+            return Err(invalid_restore(format!(
+                "snapshot {sid} is of an ns sandbox; it cannot be restored on the {} backend",
+                backend.name()
+            )));
+        }
+        let image_id = rec.image_id.as_deref().ok_or_else(|| ApiError::internal("a Ready snapshot has no image"))?;
+        let image = ctx.images.resolve(image_id).map_err(image_gone)?;
+        return Ok(Restore { snapshot_id: sid.to_owned(), image, source_image: rec.source_image, vm: None });
+    };
+    if backend != BackendKind::Vm {
+        return Err(invalid_restore(format!(
+            "snapshot {sid} is of a vm sandbox (its machine's memory); it restores on the vm backend only, not {}",
+            backend.name()
+        )));
+    }
+    let assets = ctx.vm.as_ref().map_err(|e| invalid_restore(format!("the vm backend is not available: {e}")))?;
+    if assets.identity() != vm.assets {
+        return Err(invalid_restore(format!(
+            "snapshot {sid} was taken with another guest kernel or initramfs than this server's; its machine \
+             cannot resume on them"
+        )));
+    }
+    let image = ctx.images.resolve(&vm.image_id).map_err(image_gone)?;
+    let dir = ctx.snapshots.vm_dir(sid);
+    let files = crate::sandbox::vm::VmRestoreFiles {
+        state: dir.join("state"),
+        scratch: dir.join("scratch.img"),
+        cmdline: vm.cmdline.clone(),
+    };
+    Ok(Restore { snapshot_id: sid.to_owned(), image, source_image: rec.source_image, vm: Some((vm, files)) })
 }
 
 #[cfg(test)]

@@ -34,10 +34,15 @@ pub fn auto(host: &HostSupport, vm_ready: &Result<(), String>) -> (BackendKind, 
     }
 }
 
-/// The backend of a create request.
-pub fn choose(ctx: &Ctx, extensions: Option<&BTreeMap<String, String>>) -> Result<BackendKind, ApiError> {
+/// The backend of a create request: the one its `extensions` name, else
+/// `default` (a restore's: its snapshot's backend), else the server's.
+pub fn choose(
+    ctx: &Ctx,
+    extensions: Option<&BTreeMap<String, String>>,
+    default: Option<BackendKind>,
+) -> Result<BackendKind, ApiError> {
     let kind = match extensions.and_then(|e| e.get(EXTENSION)) {
-        None => ctx.default_backend,
+        None => default.unwrap_or(ctx.default_backend),
         Some(v) => v.parse::<BackendKind>().map_err(|e| {
             ApiError::new(StatusCode::BAD_REQUEST, "INVALID_BACKEND", format!("extensions.{EXTENSION}: {e}"))
         })?,

@@ -35,6 +35,8 @@ pub struct LaunchSpec {
     pub tmp_on_root: bool,
     /// When the sandbox expires (the worker enforces it too).
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// vm: the snapshot this sandbox resumes (a restore), if any.
+    pub vm_restore: Option<super::vm::VmRestoreFiles>,
 }
 
 /// The limits of the sandbox's whole group. A vm's guest RAM is the memory
@@ -69,7 +71,8 @@ fn backend_config(ctx: &Ctx, spec: &LaunchSpec, state_dir: &Path) -> Result<Back
         RootFs::Disk(disk) => {
             let vm = ctx.vm.as_ref().map_err(|e| format!("the vm backend is not available on this server: {e}"))?;
             let memory_merge = ctx.memory_merge.is_some();
-            vm.config(disk.clone(), &spec.limits, state_dir).map(|c| BackendConfig::Vm(VmConfig { memory_merge, ..c }))
+            vm.config(disk.clone(), &spec.limits, state_dir, spec.vm_restore.as_ref())
+                .map(|c| BackendConfig::Vm(VmConfig { memory_merge, ..c }))
         }
     }
 }

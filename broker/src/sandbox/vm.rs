@@ -3,7 +3,7 @@
 //! (an empty ext4 per size, made once; each sandbox gets a sparse copy as its
 //! writable disk, so its size is the sandbox's disk bound: the guest's
 //! writes past it fail with ENOSPC inside the guest).
-use pvisor_proto::worker::{ImageDisk, VmConfig, VmEngine};
+use pvisor_proto::worker::{ImageDisk, VmConfig, VmEngine, VmRestore};
 use pvisor_worker::config::Limits;
 use pvisor_worker::vm::host::{HostSupport, Virtualization};
 use std::path::{Path, PathBuf};
@@ -19,6 +19,8 @@ pub const GUEST_CID: u32 = 3;
 pub struct VmAssets {
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
+    /// Names this kernel and initramfs ([`VmAssets::identity`]).
+    identity: String,
     /// Where the scratch templates are (`scratch-<blocks>.ext4`).
     dir: PathBuf,
     pub engine: VmEngine,
@@ -26,13 +28,21 @@ pub struct VmAssets {
 
 /// The test engine's environment switch (`PVISOR_VM_ENGINE=qemu-tcg`).
 pub const ENGINE_ENV: &str = "PVISOR_VM_ENGINE";
+/// The test engine's QEMU (a path; default `qemu-system-x86_64` on `PATH`),
+/// read by the worker too. Snapshots of vm sandboxes need one whose
+/// vhost-user-vsock device migrates (QEMU 8 and later).
+pub const QEMU_ENV: &str = "PVISOR_QEMU";
 
 /// The engine this server runs guests with, or why none can.
 pub fn engine(host: &HostSupport) -> Result<VmEngine, String> {
     match std::env::var(ENGINE_ENV).as_deref() {
-        Ok("qemu-tcg") => match which("qemu-system-x86_64") {
-            Some(_) => Ok(VmEngine::QemuTcg),
-            None => Err(format!("{ENGINE_ENV}=qemu-tcg, but qemu-system-x86_64 is not installed")),
+        Ok("qemu-tcg") => match std::env::var_os(QEMU_ENV) {
+            Some(q) if Path::new(&q).is_file() => Ok(VmEngine::QemuTcg),
+            Some(q) => Err(format!("{ENGINE_ENV}=qemu-tcg, but {QEMU_ENV}={} is not a file", Path::new(&q).display())),
+            None => match which("qemu-system-x86_64") {
+                Some(_) => Ok(VmEngine::QemuTcg),
+                None => Err(format!("{ENGINE_ENV}=qemu-tcg, but qemu-system-x86_64 is not installed")),
+            },
         },
         Ok("kvm" | "") | Err(_) => match (host.virtualization, &host.kvm_access) {
             (Virtualization::Hardware, Ok(())) => Ok(VmEngine::Kvm),
@@ -65,7 +75,8 @@ impl VmAssets {
         let initramfs = dir.join("initramfs.cpio");
         let cpio = pvisor_vmm::initramfs::agent_initramfs(agent).map_err(|e| format!("initramfs: {e}"))?;
         write_atomically(&initramfs, &cpio)?;
-        let assets = VmAssets { kernel: kernel.to_path_buf(), initramfs, dir: dir.to_path_buf(), engine };
+        let identity = identity_of(kernel, &cpio)?;
+        let assets = VmAssets { kernel: kernel.to_path_buf(), initramfs, identity, dir: dir.to_path_buf(), engine };
         assets.scratch_template(0)?;
         Ok(assets)
     }
@@ -91,25 +102,70 @@ impl VmAssets {
         }
     }
 
-    /// The worker configuration's vm part for a sandbox in `state_dir`.
-    pub fn config(&self, disk: ImageDisk, limits: &Limits, state_dir: &Path) -> Result<VmConfig, String> {
+    /// What the guest runs: a SHA-256 over the initramfs (the agent) and the
+    /// kernel file's path, size and modification time. A vm snapshot restores
+    /// only where this is what it was taken with.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The machine `limits` give: vCPUs (whole cores, rounded up) and memory (MiB, at least 128).
+    pub fn shape(limits: &Limits) -> (u32, u64) {
+        (limits.cpu_millis.div_ceil(1000).clamp(1, 64) as u32, (limits.memory_bytes >> 20).max(128))
+    }
+
+    /// The worker configuration's vm part for a sandbox in `state_dir`; a
+    /// restore's scratch disk is a copy of its snapshot's.
+    pub fn config(
+        &self,
+        disk: ImageDisk,
+        limits: &Limits,
+        state_dir: &Path,
+        restore: Option<&VmRestoreFiles>,
+    ) -> Result<VmConfig, String> {
         let scratch = state_dir.join("scratch.img");
-        copy_sparse(&self.scratch_template(limits.disk_bytes)?, &scratch)?;
+        match restore {
+            Some(r) => copy_sparse(&r.scratch, &scratch)?,
+            None => copy_sparse(&self.scratch_template(limits.disk_bytes)?, &scratch)?,
+        }
+        let (vcpus, memory_mib) = Self::shape(limits);
         Ok(VmConfig {
             kernel: self.kernel.to_string_lossy().into_owned(),
             initramfs: self.initramfs.to_string_lossy().into_owned(),
             root_disk: Some(disk),
             scratch_disk: scratch.to_string_lossy().into_owned(),
-            vcpus: limits.cpu_millis.div_ceil(1000).clamp(1, 64) as u32,
-            memory_mib: (limits.memory_bytes >> 20).max(128),
+            vcpus,
+            memory_mib,
             guest_cid: GUEST_CID,
             console_log: state_dir.join("console.log").to_string_lossy().into_owned(),
             engine: self.engine as i32,
             cmdline_extra: String::new(),
             // Set by the launch from the server's `--memory-merge`.
             memory_merge: false,
+            restore: restore
+                .map(|r| VmRestore { state_file: r.state.to_string_lossy().into_owned(), cmdline: r.cmdline.clone() }),
         })
     }
+}
+
+/// A vm snapshot's files, for a restore.
+#[derive(Clone, Debug)]
+pub struct VmRestoreFiles {
+    /// The machine's state (loaded by the engine in place: never written).
+    pub state: PathBuf,
+    /// The scratch disk (copied for the restore).
+    pub scratch: PathBuf,
+    pub cmdline: String,
+}
+
+fn identity_of(kernel: &Path, initramfs: &[u8]) -> Result<String, String> {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(kernel).map_err(|e| format!("{}: {e}", kernel.display()))?;
+    let mut h = Sha256::new();
+    h.update(initramfs);
+    h.update(format!("\0{}\0{}\0{}.{}", kernel.display(), m.len(), m.mtime(), m.mtime_nsec()).as_bytes());
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn write_atomically(path: &Path, data: &[u8]) -> Result<(), String> {

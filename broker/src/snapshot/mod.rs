@@ -7,13 +7,20 @@
 //! are independent copies and a snapshot outlives its source. The records
 //! live in `<data>/snapshots/` ([`store`]); [`take`] runs a capture.
 //!
-//! vm sandboxes are refused (501 `SNAPSHOT::NOT_IMPLEMENTED`): their state
-//! includes guest memory, which comes with the vm templates (issue 13).
+//! A vm snapshot is the whole machine ([`take`]): the worker stops the
+//! vCPUs and writes the machine's state with guest memory, the broker copies
+//! the scratch disk while they are stopped, then they run on. Its files are
+//! `<data>/snapshots/<id>.vm/{state,scratch.img}`; a restore is a create
+//! whose engine loads that state instead of booting ([`VmSnapshot`]), so the
+//! guest's processes run on from the moment of the snapshot. Only the QEMU
+//! TCG engine takes them today (see `pvisor_worker::vm::qemu`); under the
+//! project's own VMM the worker answers UNIMPLEMENTED and the API 501.
 pub mod capture;
 pub mod store;
 pub mod take;
 
 use pvisor_worker::config::BackendKind;
+pub use store::VmSnapshot;
 use store::{SnapshotRecord, SnapshotStore};
 
 /// What a snapshot needs to know of a sandbox, fixed at its create (kept
@@ -31,6 +38,20 @@ pub struct Origin {
     pub snapshot_id: Option<String>,
     /// ns: `/tmp` is in the root file system (restored), not a tmpfs.
     pub tmp_on_root: bool,
+    /// The whole environment the agent was configured with (`env` plus the
+    /// sandbox's id): a vm snapshot's agent keeps it.
+    pub agent_env: Vec<String>,
+    /// vm: the machine's shape, fixed at create.
+    pub vm: Option<VmShape>,
+}
+
+/// A vm sandbox's machine: a restore of its snapshot must have the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VmShape {
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    /// A virtio-net device (the sandbox has a network).
+    pub net: bool,
 }
 
 /// The pool name of a snapshot's image.

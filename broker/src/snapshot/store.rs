@@ -58,8 +58,34 @@ pub struct SnapshotRecord {
     /// Pool id of the snapshot's image, once Ready.
     #[serde(default)]
     pub image_id: Option<String>,
-    /// Backend of the source (`ns`).
+    /// Backend of the source (`ns`, `vm`).
     pub backend: String,
+    /// A vm snapshot's machine (its files are in [`SnapshotStore::vm_dir`]).
+    #[serde(default)]
+    pub vm: Option<VmSnapshot>,
+}
+
+/// What a vm snapshot holds beside its files (`state`: the machine with
+/// guest memory; `scratch.img`: the scratch disk), and what a restore must
+/// match: the same guest kernel and initramfs, shape and devices.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmSnapshot {
+    /// The source's image in the pool (the restore's root disk).
+    pub image_id: String,
+    /// The guest kernel command line the source booted with.
+    pub cmdline: String,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    /// Whether the source had a network (a virtio-net device).
+    pub net: bool,
+    /// `VmAssets::identity` when it was taken.
+    pub assets: String,
+    /// The agent's configuration in the source (a restored agent keeps it).
+    pub agent_env: Vec<String>,
+    pub agent_workdir: String,
+    pub agent_user: String,
+    pub agent_entrypoint: Vec<String>,
+    pub state_bytes: u64,
 }
 
 impl SnapshotRecord {
@@ -138,6 +164,19 @@ impl SnapshotStore {
             }
             store.lock().insert(rec.id.clone(), rec);
         }
+        // vm files of interrupted captures, and of records gone (a delete
+        // that ended between the record and its files).
+        for rec in &interrupted {
+            store.remove_vm_files(&rec.id);
+        }
+        for e in fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
+            let fname = e.file_name().to_string_lossy().into_owned();
+            if let Some(id) = fname.strip_suffix(".vm") {
+                if !store.lock().contains_key(id) {
+                    store.remove_vm_files(id);
+                }
+            }
+        }
         Ok((store, interrupted))
     }
 
@@ -147,6 +186,20 @@ impl SnapshotStore {
 
     fn path(&self, id: &str) -> PathBuf {
         self.dir.join(format!("{id}.json"))
+    }
+
+    /// Where a vm snapshot's files are.
+    pub fn vm_dir(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.vm"))
+    }
+
+    /// Removes a vm snapshot's files (if any).
+    pub fn remove_vm_files(&self, id: &str) {
+        match fs::remove_dir_all(self.vm_dir(id)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(snapshot = %id, "removing the snapshot's vm files: {e}"),
+        }
     }
 
     /// The capture spool of a snapshot (removed at startup if left over).
@@ -256,6 +309,7 @@ mod tests {
             source_image: "busybox".into(),
             image_id: None,
             backend: "ns".into(),
+            vm: None,
         }
     }
 
@@ -282,6 +336,30 @@ mod tests {
         assert!(s.get(a).is_none());
         let (s, _) = SnapshotStore::open(dir.path()).unwrap();
         assert!(s.get(a).is_none());
+    }
+
+    #[test]
+    fn vm_files_of_interrupted_and_unknown_snapshots_are_removed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, creating, orphan) = (
+            "aaaaaaaa-aaaa-4aaa-aaaa-aaaaaaaaaaaa",
+            "bbbbbbbb-bbbb-4bbb-bbbb-bbbbbbbbbbbb",
+            "cccccccc-cccc-4ccc-cccc-cccccccccccc",
+        );
+        {
+            let (s, _) = SnapshotStore::open(dir.path()).unwrap();
+            s.insert(rec(ready, SnapState::Ready)).unwrap();
+            s.insert(rec(creating, SnapState::Creating)).unwrap();
+            for id in [ready, creating, orphan] {
+                std::fs::create_dir_all(s.vm_dir(id)).unwrap();
+                std::fs::write(s.vm_dir(id).join("state"), b"x").unwrap();
+            }
+        }
+        let (s, _) = SnapshotStore::open(dir.path()).unwrap();
+        assert!(s.vm_dir(ready).join("state").is_file(), "a Ready snapshot keeps its files");
+        assert!(!s.vm_dir(creating).exists(), "an interrupted capture's files are removed");
+        assert!(!s.vm_dir(orphan).exists(), "files without a record are removed");
+        assert_eq!(s.get(creating).unwrap().state, SnapState::Failed);
     }
 
     #[test]

@@ -1,11 +1,17 @@
-//! Taking a snapshot of a live ns sandbox, in the background of the 202:
-//! freeze (the worker's cgroup freezer, as pause does), capture the
+//! Taking a snapshot of a live sandbox, in the background of the 202.
+//!
+//! ns: freeze (the worker's cgroup freezer, as pause does), capture the
 //! writable state to a spool file, thaw — the sandbox is frozen only that
 //! long — then import the spool into the pool as a layer over the
 //! sandbox's image and mark the record Ready (or Failed with the reason).
+//!
+//! vm: the worker stops the vCPUs and writes the machine's state
+//! (`Worker.Snapshot`), the broker copies the scratch disk (sparse) while
+//! they are stopped, then resumes them; the record gets the machine's
+//! [`VmSnapshot`]. The guest is stopped for the state and the copy.
 use super::capture::{self, Sources};
 use super::store::{SnapState, SnapshotRecord, MESSAGE_READY, REASON_FAILED, REASON_READY, REASON_TIMEOUT};
-use super::{image_name, Origin};
+use super::{image_name, Origin, VmSnapshot};
 use crate::sandbox::egress::with_policy_locked;
 use crate::sandbox::SandboxEntry;
 use crate::server::Ctx;
@@ -32,15 +38,30 @@ pub enum TakeError {
     Import(#[from] pvisor_images::Error),
     #[error("{0}")]
     Task(String),
+    #[error("saving the machine's state: {0}")]
+    Machine(String),
+    #[error("copying the scratch disk: {0}")]
+    Scratch(String),
+}
+
+/// What a finished snapshot produced.
+enum Taken {
+    /// ns: the snapshot's image in the pool.
+    Image(String),
+    Vm(VmSnapshot),
 }
 
 /// Runs the snapshot `rec` of `sb` to its end state (spawned by the API).
 pub fn spawn(ctx: Arc<Ctx>, sb: Arc<SandboxEntry>, rec: SnapshotRecord) {
     tokio::spawn(async move {
         let started = Instant::now();
-        let r = tokio::time::timeout(TIMEOUT, run(&ctx, &sb, &rec)).await;
-        let (state, reason, message, image_id) = match r {
-            Ok(Ok(image_id)) => (SnapState::Ready, REASON_READY, MESSAGE_READY.to_string(), Some(image_id)),
+        let vm = sb.origin.vm.is_some();
+        let r = match vm {
+            true => tokio::time::timeout(TIMEOUT, async { run_vm(&ctx, &sb, &rec).await.map(Taken::Vm) }).await,
+            false => tokio::time::timeout(TIMEOUT, async { run(&ctx, &sb, &rec).await.map(Taken::Image) }).await,
+        };
+        let (state, reason, message, taken) = match r {
+            Ok(Ok(taken)) => (SnapState::Ready, REASON_READY, MESSAGE_READY.to_string(), Some(taken)),
             Ok(Err(e)) => (SnapState::Failed, REASON_FAILED, e.to_string(), None),
             Err(_) => (
                 SnapState::Failed,
@@ -50,10 +71,19 @@ pub fn spawn(ctx: Arc<Ctx>, sb: Arc<SandboxEntry>, rec: SnapshotRecord) {
             ),
         };
         let _ = std::fs::remove_file(ctx.snapshots.spool_path(&rec.id));
+        if state != SnapState::Ready {
+            ctx.snapshots.remove_vm_files(&rec.id);
+        }
+        let (image_id, vm) = match taken {
+            Some(Taken::Image(id)) => (Some(id), None),
+            Some(Taken::Vm(v)) => (None, Some(v)),
+            None => (None, None),
+        };
         tracing::info!(snapshot = %rec.id, sandbox = %sb.id, state = state.as_str(), %message,
             seconds = started.elapsed().as_secs_f64(), "snapshot finished");
         let updated = ctx.snapshots.update(&rec.id, |r| {
             r.image_id = image_id.clone();
+            r.vm = vm.clone();
             r.transition(state, reason, message);
         });
         if let Err(e) = updated {
@@ -110,6 +140,64 @@ async fn run(ctx: &Arc<Ctx>, sb: &Arc<SandboxEntry>, rec: &SnapshotRecord) -> Re
     .await
     .map_err(|e| TakeError::Task(e.to_string()))??;
     Ok(record.id)
+}
+
+async fn run_vm(ctx: &Arc<Ctx>, sb: &Arc<SandboxEntry>, rec: &SnapshotRecord) -> Result<VmSnapshot, TakeError> {
+    let shape = sb.origin.vm.ok_or(TakeError::Gone)?;
+    let assets = ctx.vm.as_ref().map_err(|e| TakeError::Machine(e.clone()))?.identity().to_string();
+    let (state_dir, _) = sb.runtime_dirs().ok_or(TakeError::Gone)?;
+    let dir = ctx.snapshots.vm_dir(&rec.id);
+    std::fs::create_dir_all(&dir).map_err(|e| TakeError::Machine(format!("{}: {e}", dir.display())))?;
+    let (state, scratch) = (dir.join("state"), dir.join("scratch.img"));
+    let started = Instant::now();
+    let r = with_policy_locked(sb, true, async {
+        let mut client = WorkerClient::new(sb.channel()?);
+        let req = pvisor_proto::worker::SnapshotRequest { state_path: state.to_string_lossy().into_owned() };
+        let taken = client.snapshot(req).await.map_err(|s| TakeError::Machine(s.message().to_string()));
+        // The vCPUs are stopped (also after most failures): the disk is as the guest left it.
+        let copied = match &taken {
+            Ok(_) => {
+                let (from, to) = (state_dir.join("scratch.img"), scratch.clone());
+                tokio::task::spawn_blocking(move || crate::sandbox::vm::copy_sparse(&from, &to))
+                    .await
+                    .map_err(|e| TakeError::Task(e.to_string()))
+                    .and_then(|r| r.map_err(TakeError::Scratch))
+            }
+            Err(_) => Ok(()),
+        };
+        let resumed = client.resume(pvisor_proto::worker::Empty {}).await;
+        Ok::<_, crate::api::error::ApiError>((taken, copied, resumed))
+    })
+    .await;
+    let (taken, copied, resumed) = r.map_err(|e| TakeError::Machine(e.message))?;
+    resumed.map_err(|s| TakeError::Thaw(s.message().to_string()))?;
+    let reply = taken?.into_inner();
+    copied?;
+    // On disk before the record says Ready, as snapshot records are.
+    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        for f in [&state, &scratch, &dir] {
+            std::fs::File::open(f)?.sync_all()?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| TakeError::Task(e.to_string()))?
+    .map_err(|e| TakeError::Machine(format!("syncing the snapshot's files: {e}")))?;
+    tracing::info!(snapshot = %rec.id, stopped_ms = started.elapsed().as_millis() as u64,
+        state_bytes = reply.state_bytes, "vm machine saved");
+    Ok(VmSnapshot {
+        image_id: sb.image_id.clone(),
+        cmdline: reply.cmdline,
+        vcpus: shape.vcpus,
+        memory_mib: shape.memory_mib,
+        net: shape.net,
+        assets,
+        agent_env: sb.origin.agent_env.clone(),
+        agent_workdir: sb.origin.working_dir.clone(),
+        agent_user: sb.origin.user.clone(),
+        agent_entrypoint: sb.entrypoint.clone(),
+        state_bytes: reply.state_bytes,
+    })
 }
 
 /// The capture proper (the sandbox is frozen).

@@ -7,7 +7,7 @@
 //! * [`net`]: the network link (virtio-net device ↔ netd socketpair).
 //! * [`kvm`]: the project's own VMM on KVM (the product path).
 //! * [`qemu`]: the QEMU TCG test engine, serving the same device models
-//!   over vhost-user.
+//!   over vhost-user; its snapshots and restores ([`qmp`]: QEMU's machine protocol).
 //! * [`template`]: the own-VMM engine's template store (snapshot per kernel, initramfs,
 //!   image and shape; invalidation and gc), not wired into creates yet.
 pub mod cmdline;
@@ -17,6 +17,7 @@ pub mod host;
 pub mod kvm;
 pub mod net;
 pub mod qemu;
+pub mod qmp;
 pub mod template;
 
 use crate::backend::{Backend, Sandbox, Started};

@@ -9,11 +9,26 @@
 //! back-ends. The guest's serial console is QEMU's stdout, kept by the
 //! worker in a bounded log. This engine exists for testing; its timings are
 //! not performance figures.
+//!
+//! **Snapshots** ([`Sandbox::snapshot`]): the worker drives QEMU over QMP
+//! ([`super::qmp`], a socket beside the others): `stop` (vCPUs stop, QEMU
+//! stops the vhost-user devices, so the back-ends are idle), then `migrate`
+//! to a file: the machine's state with guest RAM. The vCPUs stay stopped
+//! until `resume` (`cont`), so the broker copies the scratch disk as the
+//! guest left it. A restore ([`VmConfig::restore`]) starts QEMU with the
+//! same devices and kernel command line and `-incoming file:…`; QEMU loads
+//! the state (and stays paused, as the source was when it was saved) and the
+//! worker's `cont` runs it on. It needs a QEMU whose vhost-user-vsock device
+//! migrates (upstream marks it unmigratable: `scripts/common.sh` builds
+//! QEMU 10.0.2 with `scripts/qemu/`'s patch, `PVISOR_QEMU`), `file:`
+//! migration (QEMU 8.2 and later) and the back-ends' `VHOST_F_LOG_ALL` and
+//! LOG_SHMFD (see `pvisor_vmm`'s vhost-user back-end).
 use super::cmdline::{cmdline, AGENT_PORT};
 use super::console::Console;
 use super::disks;
 use super::net;
-use crate::backend::{Sandbox, SandboxExit};
+use super::qmp::Qmp;
+use crate::backend::{Sandbox, SandboxExit, SnapshotTaken};
 use crate::config::VmConfig;
 use crate::error::{Result, WorkerError};
 use nix::sys::signal::{kill, Signal};
@@ -25,10 +40,16 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Longest Unix socket path.
 const SUN_PATH_MAX: usize = 107;
+
+/// How long a QMP command may take (QEMU answers at once but under load).
+const QMP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long writing a snapshot's state may take.
+const MIGRATE_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub struct QemuSandbox {
     pid: i32,
@@ -36,6 +57,12 @@ pub struct QemuSandbox {
     console: Console,
     /// Until when a refused agent connection means "still booting".
     boot_deadline: Instant,
+    /// The guest kernel command line (a restore's is its source's).
+    cmdline: String,
+    qmp_path: PathBuf,
+    /// The QMP connection (QEMU serves one client), once a snapshot opened
+    /// it; and whether a snapshot left the vCPUs stopped.
+    qmp: Mutex<(Option<Qmp>, bool)>,
 }
 
 fn socket_path(dir: &Path, name: &str) -> Result<PathBuf> {
@@ -68,6 +95,7 @@ pub fn start(
     let root_sock = socket_path(dir, "vu-root.sock")?;
     let scratch_sock = socket_path(dir, "vu-scratch.sock")?;
     let vsock_sock = socket_path(dir, "vu-vsock.sock")?;
+    let qmp_path = socket_path(dir, "qmp.sock")?;
     // Each server runs on its own thread until QEMU disconnects; they are
     // detached: the worker ends with its sandbox.
     std::mem::forget(
@@ -89,6 +117,12 @@ pub fn start(
     };
 
     let mem = format!("{}M", vm.memory_mib);
+    // A restore boots nothing: its command line is its source's, so the
+    // machine matches the state it loads.
+    let cmdline = match &vm.restore {
+        Some(r) => r.cmdline.clone(),
+        None => cmdline(vm, hostname, net_sock.is_some()),
+    };
     let chardev = |id: &str, p: &Path| format!("socket,id={id},path={}", p.display());
     let mut cmd = Command::new(qemu_binary());
     // A bounded translation cache (QEMU's default reserves 1 GiB), charged
@@ -97,15 +131,9 @@ pub fn start(
         .arg(format!("memory-backend-memfd,id=mem,size={mem},share=on"))
         .args(["-m", &mem, "-cpu", "max", "-smp", &vm.vcpus.max(1).to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-serial", "stdio"])
-        .args([
-            "-no-reboot",
-            "-kernel",
-            &vm.kernel,
-            "-initrd",
-            &vm.initramfs,
-            "-append",
-            &cmdline(vm, hostname, net_sock.is_some()),
-        ])
+        .args(["-no-reboot", "-kernel", &vm.kernel, "-initrd", &vm.initramfs, "-append", &cmdline])
+        .arg("-qmp")
+        .arg(format!("unix:{},server=on,wait=off", qmp_path.display()))
         // The image first, then the scratch disk: vda and vdb in the guest.
         .args(["-chardev", &chardev("root", &root_sock), "-device", "vhost-user-blk,chardev=root,num-queues=1"])
         .args(["-chardev", &chardev("scratch", &scratch_sock)])
@@ -123,6 +151,9 @@ pub fn start(
             vhost_user::net::QEMU_DEVICE_PROPS
         );
         cmd.args(["-chardev", &chardev("net", sock), "-netdev", "vhost-user,id=net0,chardev=net", "-device", &device]);
+    }
+    if let Some(r) = &vm.restore {
+        cmd.arg("-incoming").arg(format!("file:{}", r.state_file));
     }
     // QEMU jails itself (its seccomp sandbox) and dies with the worker.
     cmd.args(["-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]);
@@ -144,7 +175,54 @@ pub fn start(
     let pid = child.id() as i32;
     // Reaped by `wait`, not by the Child.
     std::mem::forget(child);
-    Ok(QemuSandbox { pid, vsock: handle, console, boot_deadline: Instant::now() + boot_timeout })
+    let mut qmp = None;
+    if vm.restore.is_some() {
+        // The state was saved from a stopped machine, so QEMU loads it and stays paused.
+        let loaded = (|| {
+            let mut q = Qmp::connect(&qmp_path, QMP_TIMEOUT)?;
+            q.wait_migration(MIGRATE_TIMEOUT)?;
+            q.execute("cont", None)?;
+            Ok::<_, super::qmp::QmpError>(q)
+        })();
+        match loaded {
+            Ok(q) => qmp = Some(q),
+            Err(e) => {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                return Err(WorkerError::Start(format!("loading the snapshot's state: {e}; {}", console.tail())));
+            }
+        }
+    }
+    Ok(QemuSandbox {
+        pid,
+        vsock: handle,
+        console,
+        boot_deadline: Instant::now() + boot_timeout,
+        cmdline,
+        qmp_path,
+        qmp: Mutex::new((qmp, false)),
+    })
+}
+
+fn qmp_err(e: super::qmp::QmpError) -> WorkerError {
+    WorkerError::Snapshot(e.to_string())
+}
+
+impl QemuSandbox {
+    /// Runs `f` on the QMP connection (made on first use).
+    fn with_qmp<T>(&self, f: impl FnOnce(&mut Qmp, &mut bool) -> Result<T>) -> Result<T> {
+        let mut g = self.qmp.lock().unwrap_or_else(PoisonError::into_inner);
+        let (conn, stopped) = &mut *g;
+        if conn.is_none() {
+            *conn = Some(Qmp::connect(&self.qmp_path, QMP_TIMEOUT).map_err(qmp_err)?);
+        }
+        let q = conn.as_mut().expect("connected above");
+        let r = f(q, stopped);
+        if r.is_err() {
+            // A broken connection is made again next time.
+            *conn = None;
+        }
+        r
+    }
 }
 
 fn qemu_binary() -> PathBuf {
@@ -170,7 +248,29 @@ impl Sandbox for QemuSandbox {
     }
 
     fn resume(&self) -> Result<()> {
-        kill(Pid::from_raw(self.pid), Signal::SIGCONT).map_err(|e| WorkerError::sys("resume", e))
+        kill(Pid::from_raw(self.pid), Signal::SIGCONT).map_err(|e| WorkerError::sys("resume", e))?;
+        let stopped = self.qmp.lock().unwrap_or_else(PoisonError::into_inner).1;
+        if stopped {
+            self.with_qmp(|q, stopped| {
+                q.execute("cont", None).map_err(qmp_err)?;
+                *stopped = false;
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    fn snapshot(&self, state_path: &Path) -> Result<SnapshotTaken> {
+        let uri = format!("file:{}", state_path.display());
+        self.with_qmp(|q, stopped| {
+            let t = Instant::now();
+            q.execute("stop", None).map_err(qmp_err)?;
+            *stopped = true;
+            q.execute("migrate", Some(serde_json::json!({ "uri": uri }))).map_err(qmp_err)?;
+            q.wait_migration(MIGRATE_TIMEOUT).map_err(qmp_err)?;
+            let state_bytes = std::fs::metadata(state_path).map_err(|e| WorkerError::sys("snapshot state", e))?.len();
+            Ok(SnapshotTaken { cmdline: self.cmdline.clone(), state_bytes, stopped: t.elapsed() })
+        })
     }
 
     fn kill(&self) {

@@ -20,6 +20,20 @@ const MAX_QUEUES: usize = 64;
 /// whatever the device's `queue-size`, and Linux takes it, so a back-end
 /// must accept rings that large. The models do not depend on the size.
 const FRONTEND_MAX_QUEUE_SIZE: u16 = 1024;
+/// VHOST_F_LOG_ALL (bit 26): the back-end logs its writes to guest memory
+/// while the front-end migrates (in a log the front-end shares with
+/// SET_LOG_BASE, protocol feature LOG_SHMFD). QEMU refuses any migration of a
+/// machine with a vhost-user device lacking either ("Migration disabled:
+/// vhost lacks VHOST_F_LOG_ALL", "... lacks VHOST_USER_PROTOCOL_F_LOG_SHMFD"),
+/// snapshots of a stopped machine included. These back-ends offer both for
+/// those: the worker migrates only a stopped machine (`stop`, then
+/// `migrate`), whose vhost devices QEMU has stopped (GET_VRING_BASE), so they
+/// write nothing while the state is saved and no log is needed (QEMU enables
+/// logging only on started devices). A live migration would: its SET_LOG_BASE
+/// fails (the memory has no bitmap, `Bitmap = ()`), so QEMU's migration fails
+/// instead of copying memory that misses this back-end's writes, and
+/// `acked_features` reports the attempt as an error.
+pub const VHOST_F_LOG_ALL: u64 = 1 << 26;
 
 struct Inner<D> {
     device: D,
@@ -42,7 +56,7 @@ impl<D: VirtioDevice> VhostUserDevice<D> {
         if queue_sizes.len() > MAX_QUEUES {
             return Err(io::Error::other("too many queues"));
         }
-        let features = device.features() | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        let features = device.features() | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() | VHOST_F_LOG_ALL;
         let event_fd = device.event_fd();
         let exit = new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)?;
         Ok(Self {
@@ -123,12 +137,22 @@ impl<D: VirtioDevice> VhostUserBackend for VhostUserDevice<D> {
     }
 
     fn acked_features(&self, features: u64) {
-        let device_features = features & !VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        if features & VHOST_F_LOG_ALL != 0 {
+            // Dirty logging asked of running rings: a live migration, which these back-ends
+            // do not support (they do not log). The guest's memory on the destination could
+            // miss this device's writes; say so where the operator looks.
+            tracing::error!(
+                "vhost-user: the front-end enabled dirty logging (a live migration): not supported, \
+                 only a stopped machine may be migrated"
+            );
+        }
+        let device_features = features & !(VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() | VHOST_F_LOG_ALL);
         self.lock().device.ack_features(device_features);
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ
+        // LOG_SHMFD: see VHOST_F_LOG_ALL.
+        VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::LOG_SHMFD
     }
 
     fn reset_device(&self) {
