@@ -29,8 +29,9 @@
 //! **Virtio devices**: transports added with
 //! [`VmBuilder::add_virtio_transport`] are saved (registers, queues:
 //! [`crate::devices::virtio::mmio::snapshot`]) if their device declares snapshot support
-//! (virtio-blk does; vsock and net do not yet: their host connections would need a transport
-//! reset event and reconnection). While the state and memory are captured, every transport's
+//! (virtio-blk does; vsock does: a restored vsock device starts without host connections and
+//! sends the guest a transport reset, so the guest drops its connections and the host connects
+//! again; net does not yet: its link to netd would need reconnecting). While the state and memory are captured, every transport's
 //! device cell is locked, so the device thread cannot touch guest memory or queues mid-capture.
 //! [`restore_with_devices`] takes fresh device models in the same order (a block device over the
 //! same backend), restores each transport into the same window and GSI, and kicks its queues.

@@ -127,6 +127,11 @@ pub trait VirtioDevice: Send {
     fn snapshot_support(&self) -> Result<(), &'static str> {
         Err("a virtio device without snapshot support")
     }
+
+    /// Called once when the device is built again from a snapshot (after its features are
+    /// acked, before its queues are kicked): what it must tell the guest about state it did not
+    /// carry (vsock: a transport reset). Nothing by default.
+    fn restored(&mut self) {}
 }
 
 /// Reads `data.len()` bytes at `offset` of a config space image; bytes past

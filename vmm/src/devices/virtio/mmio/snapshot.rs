@@ -153,6 +153,7 @@ impl MmioTransport {
         if state.status & super::regs::STATUS_FEATURES_OK != 0 {
             device.ack_features(state.acked);
         }
+        device.restored();
         let queue_evts = (0..queues.len())
             .map(|_| EventFd::new(libc::EFD_NONBLOCK).map_err(Error::EventFd))
             .collect::<Result<Vec<_>, _>>()?;

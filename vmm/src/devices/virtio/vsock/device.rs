@@ -10,13 +10,15 @@ use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::muxer::Muxer;
-use super::{packet, Error, VsockHandle, QUEUE_SIZE, RX_QUEUE, TX_QUEUE};
+use super::{packet, Error, VsockHandle, EVENT_QUEUE, QUEUE_SIZE, RX_QUEUE, TX_QUEUE};
 use crate::devices::virtio::{
     read_config_bytes, GuestMemory, UsedQueues, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_RING_F_INDIRECT_DESC,
 };
 
 /// The virtio device id of vsock.
 pub const VIRTIO_ID_VSOCK: u32 = 19;
+/// `struct virtio_vsock_event { le32 id; }` with id VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (0).
+const TRANSPORT_RESET_EVENT: [u8; 4] = 0u32.to_le_bytes();
 
 /// A virtio-vsock device.
 pub struct Vsock {
@@ -26,6 +28,9 @@ pub struct Vsock {
     handle: VsockHandle,
     acked: u64,
     payload: Vec<u8>,
+    /// Restored from a snapshot: the guest is told its transport was reset
+    /// (on the first event-queue buffer it offers).
+    reset_pending: bool,
 }
 
 impl Vsock {
@@ -44,6 +49,7 @@ impl Vsock {
             handle: VsockHandle::new(tx, wake),
             acked: 0,
             payload: Vec::new(),
+            reset_pending: false,
         })
     }
 
@@ -75,6 +81,34 @@ impl Vsock {
             match parsed {
                 Ok(header) => self.muxer.handle_tx(&header, &self.payload),
                 Err(e) => tracing::debug!("vsock: dropping malformed tx packet: {e}"),
+            }
+        }
+        used
+    }
+
+    /// Sends a pending transport reset on the event queue, once the guest has a buffer there.
+    fn process_event(&mut self, queues: &mut [Queue], mem: &GuestMemory) -> UsedQueues {
+        let mut used = UsedQueues::NONE;
+        if !self.reset_pending {
+            return used;
+        }
+        let Some(ev) = queues.get_mut(EVENT_QUEUE) else { return used };
+        if let Some(chain) = ev.pop_descriptor_chain(mem) {
+            let head = chain.head_index();
+            let written = packet::write_event(chain, mem, &TRANSPORT_RESET_EVENT);
+            match written {
+                Ok(n) if ev.add_used(mem, head, n).is_ok() => {
+                    used.set(EVENT_QUEUE);
+                    self.reset_pending = false;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // A buffer too small for an event: used empty, the next one is tried.
+                    tracing::debug!("vsock: event buffer: {e}");
+                    if ev.add_used(mem, head, 0).is_ok() {
+                        used.set(EVENT_QUEUE);
+                    }
+                }
             }
         }
         used
@@ -114,9 +148,9 @@ impl VirtioDevice for Vsock {
 
     fn process_queue(&mut self, index: usize, queues: &mut [Queue], mem: &GuestMemory) -> UsedQueues {
         // Guest packets first: they may queue answers for rx. The event
-        // queue only holds buffers for events this device never sends.
+        // queue only holds buffers for the transport reset of a restore.
         let used = if index == TX_QUEUE { self.process_tx(queues, mem) } else { UsedQueues::NONE };
-        used.union(self.process_rx(queues, mem))
+        used.union(self.process_event(queues, mem)).union(self.process_rx(queues, mem))
     }
 
     fn event_fd(&self) -> Option<RawFd> {
@@ -130,5 +164,19 @@ impl VirtioDevice for Vsock {
 
     fn reset(&mut self) {
         self.muxer.reset();
+        self.reset_pending = false;
+    }
+
+    /// The host's connections are not carried (they were the source VM's): a restored device
+    /// starts with none and resets the guest's transport (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET,
+    /// as QEMU's vhost-vsock does after a migration): the guest drops its connections and keeps
+    /// its listening sockets, so the host connects again.
+    fn snapshot_support(&self) -> Result<(), &'static str> {
+        Ok(())
+    }
+
+    fn restored(&mut self) {
+        self.muxer.reset();
+        self.reset_pending = true;
     }
 }

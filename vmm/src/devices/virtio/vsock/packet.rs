@@ -127,3 +127,14 @@ pub fn write_rx(writer: &mut Writer<'_>, header: &Header, payload: &[u8]) -> Res
     writer.write_all(payload).map_err(Error::Guest)?;
     u32::try_from(writer.bytes_written()).map_err(|_| Error::RxChainTooSmall)
 }
+
+/// Writes an event (`struct virtio_vsock_event`) into an event-queue chain; returns the bytes
+/// written. A chain too small for it is an error (nothing is written).
+pub fn write_event(chain: DescriptorChain<&GuestMemory>, mem: &GuestMemory, event: &[u8; 4]) -> Result<u32, Error> {
+    let mut writer = Writer::new(mem, chain).map_err(Error::Chain)?;
+    if writer.available_bytes() < event.len() {
+        return Err(Error::RxChainTooSmall);
+    }
+    writer.write_all(event).map_err(Error::Guest)?;
+    Ok(event.len() as u32)
+}

@@ -12,7 +12,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use virtio_queue::Queue;
 
 use super::packet::*;
-use super::{Vsock, BUF_ALLOC, HOST_CID, RX_QUEUE, TX_QUEUE};
+use super::{Vsock, BUF_ALLOC, EVENT_QUEUE, HOST_CID, RX_QUEUE, TX_QUEUE};
 use crate::devices::virtio::test_utils::{memory, read, write, Buf, DriverQueue};
 use crate::devices::virtio::{GuestMemory, VirtioDevice};
 
@@ -526,4 +526,49 @@ fn reset_drops_connections() {
     assert_eq!(g.dev.connection_count(), 0);
     let mut buf = [0u8; 1];
     assert_eq!(host.read(&mut buf).expect("closed"), 0);
+}
+
+#[test]
+fn a_restored_device_resets_the_guest_transport_once() {
+    let mem = memory();
+    let rx = DriverQueue::new(&mem, 0x1_0000, 64);
+    let tx = DriverQueue::new(&mem, 0x4_0000, 64);
+    let mut ev = DriverQueue::new(&mem, 0x7_0000, 4);
+    let mut queues = vec![rx.device_queue(), tx.device_queue(), ev.device_queue()];
+    let mut dev = Vsock::new(GUEST_CID, None).expect("vsock");
+    assert_eq!(dev.snapshot_support(), Ok(()));
+    // A device that was not restored sends no event.
+    write(&mem, 0x8_0000, &[0xff; 4]);
+    let first = ev.add_chain(&mem, &[Buf::w(0x8_0000, 4)]);
+    dev.process_queue(EVENT_QUEUE, &mut queues, &mem);
+    assert!(ev.take_used(&mem).is_empty());
+    // Restored: VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (id 0) in the guest's buffer, signalled.
+    dev.restored();
+    let used = dev.process_queue(EVENT_QUEUE, &mut queues, &mem);
+    assert!(used.iter().any(|q| q == EVENT_QUEUE), "the event queue is signalled");
+    assert_eq!(ev.take_used(&mem), vec![(u32::from(first), 4)]);
+    assert_eq!(read(&mem, 0x8_0000, 4), vec![0, 0, 0, 0]);
+    // Once only.
+    ev.add_chain(&mem, &[Buf::w(0x8_1000, 4)]);
+    dev.process_queue(EVENT_QUEUE, &mut queues, &mem);
+    assert!(ev.take_used(&mem).is_empty());
+}
+
+#[test]
+fn a_reset_pending_until_the_guest_offers_an_event_buffer() {
+    let mem = memory();
+    let rx = DriverQueue::new(&mem, 0x1_0000, 64);
+    let tx = DriverQueue::new(&mem, 0x4_0000, 64);
+    let mut ev = DriverQueue::new(&mem, 0x7_0000, 4);
+    let mut queues = vec![rx.device_queue(), tx.device_queue(), ev.device_queue()];
+    let mut dev = Vsock::new(GUEST_CID, None).expect("vsock");
+    dev.restored();
+    // No buffer yet (a kick of another queue): nothing, still pending.
+    dev.process_queue(RX_QUEUE, &mut queues, &mem);
+    // A buffer too small for an event is returned empty; the next one gets it.
+    let small = ev.add_chain(&mem, &[Buf::w(0x8_0000, 2)]);
+    let good = ev.add_chain(&mem, &[Buf::w(0x8_1000, 4)]);
+    dev.process_queue(EVENT_QUEUE, &mut queues, &mem);
+    dev.process_queue(EVENT_QUEUE, &mut queues, &mem);
+    assert_eq!(ev.take_used(&mem), vec![(u32::from(small), 0), (u32::from(good), 4)]);
 }
