@@ -528,14 +528,21 @@ fn reset_drops_connections() {
     assert_eq!(host.read(&mut buf).expect("closed"), 0);
 }
 
-#[test]
-fn a_restored_device_resets_the_guest_transport_once() {
+/// A device with its three queues (rx, tx, event), the event queue's driver side, as a guest
+/// that has set the device up.
+fn with_event_queue() -> (GuestMemory, DriverQueue, Vec<Queue>, Vsock) {
     let mem = memory();
     let rx = DriverQueue::new(&mem, 0x1_0000, 64);
     let tx = DriverQueue::new(&mem, 0x4_0000, 64);
-    let mut ev = DriverQueue::new(&mem, 0x7_0000, 4);
-    let mut queues = vec![rx.device_queue(), tx.device_queue(), ev.device_queue()];
-    let mut dev = Vsock::new(GUEST_CID, None).expect("vsock");
+    let ev = DriverQueue::new(&mem, 0x7_0000, 4);
+    let queues = vec![rx.device_queue(), tx.device_queue(), ev.device_queue()];
+    let dev = Vsock::new(GUEST_CID, None).expect("vsock");
+    (mem, ev, queues, dev)
+}
+
+#[test]
+fn a_restored_device_resets_the_guest_transport_once() {
+    let (mem, mut ev, mut queues, mut dev) = with_event_queue();
     assert_eq!(dev.snapshot_support(), Ok(()));
     // A device that was not restored sends no event.
     write(&mem, 0x8_0000, &[0xff; 4]);
@@ -556,12 +563,7 @@ fn a_restored_device_resets_the_guest_transport_once() {
 
 #[test]
 fn a_reset_pending_until_the_guest_offers_an_event_buffer() {
-    let mem = memory();
-    let rx = DriverQueue::new(&mem, 0x1_0000, 64);
-    let tx = DriverQueue::new(&mem, 0x4_0000, 64);
-    let mut ev = DriverQueue::new(&mem, 0x7_0000, 4);
-    let mut queues = vec![rx.device_queue(), tx.device_queue(), ev.device_queue()];
-    let mut dev = Vsock::new(GUEST_CID, None).expect("vsock");
+    let (mem, mut ev, mut queues, mut dev) = with_event_queue();
     dev.restored();
     // No buffer yet (a kick of another queue): nothing, still pending.
     dev.process_queue(RX_QUEUE, &mut queues, &mem);
