@@ -492,16 +492,15 @@ def test_broker_killed_at_random_points(tmp_path_factory):
 
 # ---------------------------------------------------------------- an unprivileged broker
 
-from test_nonroot import delegated  # noqa: E402,F401 - the fixture (a user, delegated cgroups)
+from test_nonroot import as_user, delegated  # noqa: E402,F401 - the fixture (a user, delegated cgroups)
 
 
 def _serve_as(pw, groups, data: Path, port: int, log, import_first: bool) -> subprocess.Popen:
     binary = pvisor_bin()
-    join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in groups)
     imp = f"{binary} image import {Path(os.environ.get('PVISOR_TEST_IMAGES', '/var/cache/pvisor/test-images')) / 'busybox.tar'} --data-dir {data} && " if import_first else ""
     user_cmd = f"{imp}exec {binary} serve --listen 127.0.0.1:{port} --data-dir {data} --warm-workers 1"
     return subprocess.Popen(
-        ["bash", "-c", f"{join}; exec setpriv --reuid={pw.pw_uid} --regid={pw.pw_gid} --clear-groups bash -c '{user_cmd}'"],
+        as_user(pw, groups, user_cmd),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
 

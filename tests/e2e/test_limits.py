@@ -19,7 +19,7 @@ from opensandbox.sync.sandbox import SandboxSync
 
 from conftest import _make_conn, free_port, images_dir, pvisor_bin
 from e2e_util import BUSYBOX, PYTHON, SMALL, assert_error_json, run, sh, stderr_text, stdout_text, wait_healthy
-from test_nonroot import delegated  # noqa: F401 (fixture)
+from test_nonroot import as_user, delegated  # noqa: F401 (fixture)
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="disk bounds and per-sandbox owners need a root broker")
 
@@ -260,7 +260,6 @@ def test_unprivileged_broker_bounds_tmp_and_refuses_a_disk_bound(delegated, tmp_
     pw, groups, data = delegated
     binary = pvisor_bin()
     port = free_port()
-    join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in groups)
     user_cmd = (
         f"{binary} image import {images_dir() / 'busybox.tar'} --data-dir {data} && "
         f"exec {binary} serve --listen 127.0.0.1:{port} --data-dir {data}"
@@ -268,7 +267,7 @@ def test_unprivileged_broker_bounds_tmp_and_refuses_a_disk_bound(delegated, tmp_
     log_path = tmp_path / "server.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        ["bash", "-c", f"{join}; exec setpriv --reuid={pw.pw_uid} --regid={pw.pw_gid} --clear-groups bash -c '{user_cmd}'"],
+        as_user(pw, groups, user_cmd),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     conn = _make_conn(f"127.0.0.1:{port}")

@@ -24,7 +24,7 @@ from opensandbox.sync.sandbox import SandboxSync
 
 from conftest import _make_conn, _start_server, free_port, images_dir, pvisor_bin
 from e2e_util import BUSYBOX, REPO_ROOT, dataplane, sh, wait_healthy, wait_until
-from test_nonroot import delegated  # noqa: F401 (fixture)
+from test_nonroot import as_user, delegated  # noqa: F401 (fixture)
 from user_files import binary_for_others, for_others
 
 KSM = Path("/sys/kernel/mm/ksm")
@@ -196,14 +196,12 @@ def test_an_unprivileged_broker_leaves_the_hosts_ksm_alone_and_says_so(delegated
     binary = binary_for_others(pvisor_bin())
     archive = for_others(images_dir() / "busybox.tar")
     port = free_port()
-    join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in groups)
     user_cmd = (f"{binary} image import {archive} --data-dir {data} && exec {binary} serve --listen 127.0.0.1:{port} "
                 f"--data-dir {data} --memory-merge --stop-sandboxes-on-exit")
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            ["bash", "-c", f"{join}; exec setpriv --reuid={pw.pw_uid} --regid={pw.pw_gid} --clear-groups "
-                           f"bash -c '{user_cmd}'"],
+            as_user(pw, groups, user_cmd),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_healthy(port, proc, log_path.read_text)

@@ -130,6 +130,19 @@ def delegated():
     shutil.rmtree(data, ignore_errors=True)
 
 
+def user_prefix(pw, groups) -> list[str]:
+    """The argv prefix that moves itself into the delegated `groups` and then runs the rest of
+    its argv as the user `pw` (setpriv), as an unprivileged broker is started."""
+    join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in groups)
+    return ["bash", "-c", f'{join}; exec setpriv --reuid={pw.pw_uid} --regid={pw.pw_gid} --clear-groups "$@"',
+            "pvisor-unprivileged"]
+
+
+def as_user(pw, groups, user_cmd: str) -> list[str]:
+    """argv running the shell command `user_cmd` as `pw` inside the delegated `groups`."""
+    return [*user_prefix(pw, groups), "bash", "-c", user_cmd]
+
+
 def test_unprivileged_broker_serves_sandboxes(delegated, tmp_path):
     pw, groups, data = delegated
     # The checkout may be private (a root user's clone under /root): the user
@@ -137,14 +150,13 @@ def test_unprivileged_broker_serves_sandboxes(delegated, tmp_path):
     binary = binary_for_others(pvisor_bin())
     archive = for_others(images_dir() / "busybox.tar")
     port = free_port()
-    join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in groups)
     user_cmd = (
         f"{binary} image import {archive} --data-dir {data} && "
         f"exec {binary} serve --listen 127.0.0.1:{port} --data-dir {data}"
     )
     log = open(tmp_path / "server.log", "wb")
     proc = subprocess.Popen(
-        ["bash", "-c", f"{join}; exec setpriv --reuid={pw.pw_uid} --regid={pw.pw_gid} --clear-groups bash -c '{user_cmd}'"],
+        as_user(pw, groups, user_cmd),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:

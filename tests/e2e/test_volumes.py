@@ -293,7 +293,7 @@ def test_vm_backend_refuses_volumes(vhttp):
 # ------------------------------------------------------------------ unprivileged broker
 
 try:
-    from test_nonroot import delegated  # noqa: F401  (the fixture)
+    from test_nonroot import as_user, delegated  # noqa: F401  (the fixture)
 except ImportError:  # pragma: no cover
     delegated = None
 
@@ -310,14 +310,13 @@ def test_unprivileged_broker_volumes(delegated, tmp_path):  # noqa: F811
         os.chown(allowed / "marker.txt", pw.pw_uid, pw.pw_gid)
         binary = pvisor_bin()
         port = free_port()
-        join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in groups)
         user_cmd = (
             f"{binary} image import {images_dir() / 'busybox.tar'} --data-dir {data} && "
             f"exec {binary} serve --listen 127.0.0.1:{port} --data-dir {data} --allow-host-path {allowed}"
         )
         log = open(tmp_path / "server.log", "wb")
         proc = subprocess.Popen(
-            ["bash", "-c", f"{join}; exec setpriv --reuid={pw.pw_uid} --regid={pw.pw_gid} --clear-groups bash -c '{user_cmd}'"],
+            as_user(pw, groups, user_cmd),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         f = SandboxFactory(_make_conn(f"127.0.0.1:{port}"))

@@ -7,7 +7,8 @@ it (Debian's udev makes both 0666; these hosts have no udev and leave them 0600)
 `close()` undoes that. `start_unprivileged(...)` starts a `PvisorServer` (conftest)
 as that user inside those groups, on a data dir it owns, and returns it with its
 delegation. test_network.py and test_hostile_tenant.py use it; test_nonroot,
-test_volumes and test_limits still start theirs by hand.
+test_volumes, test_limits, test_memory_merge and test_durability start theirs
+with test_nonroot.as_user (the same prefix).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PvisorServer, _start_server
-from test_nonroot import USER, delegate
+from test_nonroot import USER, delegate, user_prefix
 
 
 class Delegation:
@@ -41,9 +42,7 @@ class Delegation:
 
     def prefix(self) -> list[str]:
         """What runs a command as the user inside the delegated groups."""
-        join = "; ".join(f"echo $$ > {g}/cgroup.procs" for g in self.groups)
-        return ["bash", "-c", f'{join}; exec setpriv --reuid={self.pw.pw_uid} --regid={self.pw.pw_gid} '
-                f'--clear-groups "$@"', "pvisor-unprivileged"]
+        return user_prefix(self.pw, self.groups)
 
     def close(self) -> None:
         for d, mode in self.modes.items():
