@@ -37,10 +37,11 @@ pub struct Serial {
     uart: Uart<IrqTrigger, vm_superio::serial::NoEvents, ConsoleWriter>,
 }
 
-/// The UART's registers and unread input, for snapshots (vm-superio's `SerialState`, which
-/// has no serde of its own).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UartState {
+/// vm-superio's `SerialState` (which has no serde of its own), declared once for serde's
+/// `remote` derive: the field names are the snapshot format's.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "SerialState")]
+struct SerialStateDef {
     baud_divisor_low: u8,
     baud_divisor_high: u8,
     interrupt_enable: u8,
@@ -53,37 +54,15 @@ pub struct UartState {
     in_buffer: Vec<u8>,
 }
 
+/// The UART's registers and unread input, for snapshots (serialized as the bare fields of
+/// [`SerialStateDef`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct UartState(#[serde(with = "SerialStateDef")] SerialState);
+
 impl From<SerialState> for UartState {
     fn from(s: SerialState) -> Self {
-        UartState {
-            baud_divisor_low: s.baud_divisor_low,
-            baud_divisor_high: s.baud_divisor_high,
-            interrupt_enable: s.interrupt_enable,
-            interrupt_identification: s.interrupt_identification,
-            line_control: s.line_control,
-            line_status: s.line_status,
-            modem_control: s.modem_control,
-            modem_status: s.modem_status,
-            scratch: s.scratch,
-            in_buffer: s.in_buffer,
-        }
-    }
-}
-
-impl From<&UartState> for SerialState {
-    fn from(s: &UartState) -> Self {
-        SerialState {
-            baud_divisor_low: s.baud_divisor_low,
-            baud_divisor_high: s.baud_divisor_high,
-            interrupt_enable: s.interrupt_enable,
-            interrupt_identification: s.interrupt_identification,
-            line_control: s.line_control,
-            line_status: s.line_status,
-            modem_control: s.modem_control,
-            modem_status: s.modem_status,
-            scratch: s.scratch,
-            in_buffer: s.in_buffer.clone(),
-        }
+        UartState(s)
     }
 }
 
@@ -95,13 +74,8 @@ impl Serial {
 
     /// A UART resumed from a snapshot's `state`.
     pub fn from_state(console: SharedConsole, irq: EventFd, state: &UartState) -> io::Result<Self> {
-        let uart = Uart::from_state(
-            &SerialState::from(state),
-            IrqTrigger(irq),
-            vm_superio::serial::NoEvents,
-            ConsoleWriter(console),
-        )
-        .map_err(|e| io::Error::other(format!("restoring the UART: {e:?}")))?;
+        let uart = Uart::from_state(&state.0, IrqTrigger(irq), vm_superio::serial::NoEvents, ConsoleWriter(console))
+            .map_err(|e| io::Error::other(format!("restoring the UART: {e:?}")))?;
         Ok(Serial { uart })
     }
 

@@ -21,58 +21,46 @@ use vmm_sys_util::eventfd::EventFd;
 use super::{DeviceCell, Error, Interrupt, MmioTransport};
 use crate::devices::virtio::{GuestMemory, VirtioDevice};
 
-/// One queue: what the driver configured and where the device was in its rings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QueueSnapshot {
+/// virtio-queue's `QueueState` (which has no serde of its own), declared once for serde's
+/// `remote` derive: the field names are the snapshot format's.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "QueueState")]
+struct QueueStateDef {
     /// The device's maximum size.
-    pub max_size: u16,
+    max_size: u16,
     /// Next available-ring entry the device will read.
-    pub next_avail: u16,
+    next_avail: u16,
     /// Next used-ring entry the device will write.
-    pub next_used: u16,
+    next_used: u16,
     /// `VIRTIO_F_RING_EVENT_IDX` negotiated.
-    pub event_idx_enabled: bool,
+    event_idx_enabled: bool,
     /// The size the driver chose.
-    pub size: u16,
+    size: u16,
     /// The driver set QueueReady.
-    pub ready: bool,
+    ready: bool,
     /// Descriptor table address.
-    pub desc_table: u64,
+    desc_table: u64,
     /// Available (driver) ring address.
-    pub avail_ring: u64,
+    avail_ring: u64,
     /// Used (device) ring address.
-    pub used_ring: u64,
+    used_ring: u64,
 }
+
+/// One queue: what the driver configured and where the device was in its rings (serialized
+/// as the bare fields of [`QueueStateDef`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct QueueSnapshot(#[serde(with = "QueueStateDef")] pub QueueState);
 
 impl From<QueueState> for QueueSnapshot {
     fn from(q: QueueState) -> Self {
-        QueueSnapshot {
-            max_size: q.max_size,
-            next_avail: q.next_avail,
-            next_used: q.next_used,
-            event_idx_enabled: q.event_idx_enabled,
-            size: q.size,
-            ready: q.ready,
-            desc_table: q.desc_table,
-            avail_ring: q.avail_ring,
-            used_ring: q.used_ring,
-        }
+        QueueSnapshot(q)
     }
 }
 
 impl From<QueueSnapshot> for QueueState {
     fn from(q: QueueSnapshot) -> Self {
-        QueueState {
-            max_size: q.max_size,
-            next_avail: q.next_avail,
-            next_used: q.next_used,
-            event_idx_enabled: q.event_idx_enabled,
-            size: q.size,
-            ready: q.ready,
-            desc_table: q.desc_table,
-            avail_ring: q.avail_ring,
-            used_ring: q.used_ring,
-        }
+        q.0
     }
 }
 
@@ -181,5 +169,35 @@ impl MmioTransport {
         for evt in &self.queue_evts {
             let _ = evt.write(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod format_tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_is_its_bare_fields_in_the_snapshot_format() {
+        let q =
+            QueueSnapshot(QueueState { max_size: 256, next_avail: 3, size: 128, ready: true, ..Default::default() });
+        let json = serde_json::to_value(q).unwrap();
+        let keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut want = vec![
+            "avail_ring",
+            "desc_table",
+            "event_idx_enabled",
+            "max_size",
+            "next_avail",
+            "next_used",
+            "ready",
+            "size",
+            "used_ring",
+        ];
+        let mut got = keys.clone();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        assert_eq!(json["next_avail"], 3);
+        assert_eq!(serde_json::from_value::<QueueSnapshot>(json).unwrap(), q);
     }
 }

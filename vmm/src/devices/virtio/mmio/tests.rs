@@ -249,7 +249,7 @@ fn a_saved_transport_restores_with_its_registers_queues_and_pending_interrupt() 
     wr(&mut t, QUEUE_SEL, 1);
     let state = t.save_state().expect("saving the transport");
     assert!(state.active);
-    assert_eq!(state.queues[0].next_used, 1);
+    assert_eq!(state.queues[0].0.next_used, 1);
 
     // Through serde, as a snapshot file carries it.
     let state: super::snapshot::TransportState =
