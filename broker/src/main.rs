@@ -111,6 +111,11 @@ enum Cmd {
         /// leak through write timing across sandboxes (see README).
         #[arg(long)]
         memory_merge: bool,
+        /// vm templates: the first create of an image and shape saves its
+        /// booted guest, later ones restore from it (under engines that take
+        /// machine snapshots: the QEMU test engine today). Off by default.
+        #[arg(long)]
+        vm_templates: bool,
     },
     /// Show kernel same-page merging: the host's ksmd and each sandbox's merged pages.
     MemoryMerge {
@@ -353,6 +358,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             disk_limit,
             log_format: _,
             memory_merge,
+            vm_templates,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -375,6 +381,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 http: *http,
                 disk_limit,
                 memory_merge,
+                vm_templates,
             })
             .await?;
         }

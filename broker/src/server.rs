@@ -74,6 +74,8 @@ pub struct Ctx {
     /// `--memory-merge`: ns sandboxes are mergeable; the host's KSM as
     /// this broker found and set it.
     pub memory_merge: Option<crate::sandbox::ksm::HostKsm>,
+    /// `--vm-templates` (where the vm backend is available).
+    pub templates: Option<crate::sandbox::templates::Templates>,
 }
 
 impl Ctx {
@@ -118,6 +120,8 @@ pub struct ServeOptions {
     pub disk_limit: u64,
     /// `--memory-merge`.
     pub memory_merge: bool,
+    /// `--vm-templates`.
+    pub vm_templates: bool,
 }
 
 /// `/var/lib/pvisor` for root, else the user's data directory.
@@ -368,6 +372,14 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
             Some(k)
         }
     };
+    let templates = match (o.vm_templates, &vm) {
+        (true, Ok(_)) => Some(crate::sandbox::templates::Templates::open(&o.data_dir)?),
+        (true, Err(e)) => {
+            tracing::warn!("--vm-templates: the vm backend is not available: {e}");
+            None
+        }
+        (false, _) => None,
+    };
     let ctx = Ctx {
         listen: o.listen,
         data_dir: o.data_dir,
@@ -400,6 +412,7 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         admission: Admission::new(o.http.max_concurrent_creates, o.http.max_sandboxes),
         http: o.http,
         memory_merge,
+        templates,
     };
     Ok((ctx, recovery.found))
 }

@@ -98,7 +98,10 @@ def test_schemathesis_finds_nothing(fuzz_server, tmp_path):
         "--max-time", str(MAX_TIME),
         "--request-timeout", "30",
         "--seed", os.environ.get("PVISOR_FUZZ_SEED", "12"),
-        "--workers", "2",
+        # One worker: with two, schemathesis crashed once here inside hypothesis parsing a
+        # lambda's source ("SystemError: AST constructor recursion depth mismatch", a CPython
+        # 3.11 fault seen in threaded programs, python/cpython#106905) — not a finding.
+        "--workers", "1",
         "--phases", "examples,coverage,fuzzing",
         "--suppress-health-check", "all",
         "--report", "junit", "--report-dir", str(tmp_path),

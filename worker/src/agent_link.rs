@@ -25,6 +25,14 @@ pub async fn connect(sandbox: Arc<dyn Sandbox>) -> Result<Channel> {
         .map_err(|e| WorkerError::Agent(with_sources(&e)))
 }
 
+/// A call that failed because its connection went away (tonic reports a
+/// connection reset mid-call as UNKNOWN "transport error", a refused
+/// reconnect as UNAVAILABLE), not because the agent refused it.
+pub fn lost_connection(s: &tonic::Status) -> bool {
+    matches!(s.code(), tonic::Code::Unavailable)
+        || (s.code() == tonic::Code::Unknown && s.message() == "transport error")
+}
+
 /// An error with its chain of causes (tonic's own text is only "transport error").
 fn with_sources(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();

@@ -9,7 +9,7 @@ use crate::cgroup::GroupPaths;
 use crate::error::{Result, WorkerError};
 use pvisor_proto::worker as pb;
 pub use pvisor_proto::worker::worker_config::Backend as BackendConfig;
-pub use pvisor_proto::worker::{ImageDisk, NsConfig, VmConfig, VmEngine, Volume, WorkerConfig};
+pub use pvisor_proto::worker::{ImageDisk, NsConfig, TemplateCapture, VmConfig, VmEngine, Volume, WorkerConfig};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 

@@ -4,6 +4,7 @@
 use pvisor_proto::agent::agent_client::AgentClient;
 use pvisor_proto::worker::worker_server::WorkerServer;
 use pvisor_proto::worker::ReadyReply;
+use pvisor_worker::agent_link::lost_connection;
 use pvisor_worker::backend::{self, NetLink, Sandbox};
 use pvisor_worker::cgroup::{GroupPaths, SANDBOX_LEAF};
 use pvisor_worker::config::{self, Common, WorkerConfig};
@@ -151,14 +152,6 @@ fn refresh_views(sandbox: Arc<dyn Sandbox>) {
     });
 }
 
-/// A call that failed because its connection went away (tonic reports a
-/// connection reset mid-call as UNKNOWN "transport error", a refused
-/// reconnect as UNAVAILABLE), not because the agent refused it.
-fn lost_connection(s: &tonic::Status) -> bool {
-    matches!(s.code(), tonic::Code::Unavailable)
-        || (s.code() == tonic::Code::Unknown && s.message() == "transport error")
-}
-
 /// What `Agent.Refresh` gives a guest: the host's time now, 64 bytes from
 /// the host's getrandom, the sandbox's hostname.
 fn guest_refresh(hostname: &str) -> pvisor_proto::agent::RefreshRequest {
@@ -292,10 +285,22 @@ fn main() {
                     let mut client = AgentClient::new(channel);
                     let agent_cfg = cfg.agent.clone().unwrap_or_default();
                     let hostname = common.hostname.clone();
+                    let capture = match &cfg.backend {
+                        Some(config::BackendConfig::Vm(v)) => {
+                            v.template_capture.clone().map(|c| (c, v.scratch_disk.clone()))
+                        }
+                        _ => None,
+                    };
                     tokio::spawn(async move {
                         // One deadline for connecting (a guest's boot) and configuring.
                         let deadline = tokio::time::Instant::from_std(t0 + AGENT_READY_TIMEOUT);
                         let r = tokio::time::timeout_at(deadline, async {
+                            let captured = match capture {
+                                Some((c, scratch)) => {
+                                    pvisor_worker::vm::capture::capture(&mut client, sb.clone(), c, scratch).await
+                                }
+                                None => None,
+                            };
                             let ping = loop {
                                 match client.configure(agent_cfg.clone()).await {
                                     // A guest restored from a snapshot resets its vsock
@@ -311,19 +316,32 @@ fn main() {
                             // A guest gets the host's clock, fresh entropy and its hostname
                             // before anything runs in it (a restored one resumes with its source's).
                             if sb.backend() == "vm" {
-                                client.refresh(guest_refresh(&hostname)).await?;
+                                loop {
+                                    match client.refresh(guest_refresh(&hostname)).await {
+                                        // The restored guest's transport reset may land here too.
+                                        Err(s) if lost_connection(&s) => {
+                                            tokio::time::sleep(std::time::Duration::from_millis(50)).await
+                                        }
+                                        r => {
+                                            r?;
+                                            break;
+                                        }
+                                    };
+                                }
                             }
-                            Ok::<_, tonic::Status>(ping)
+                            Ok::<_, tonic::Status>((ping, captured))
                         })
                         .await;
                         // Ready needs both the agent and the network.
                         let net = net_started.await.unwrap_or_else(|e| Err(format!("the sandbox's network: {e}")));
                         let state = match (r, net) {
-                            (Ok(Ok(p)), Ok(())) => Readiness::Ready(ReadyReply {
+                            (Ok(Ok((p, captured))), Ok(())) => Readiness::Ready(ReadyReply {
                                 backend: sb.backend().into(),
                                 agent_pid: sb.init_pid() as u32,
                                 agent_version: p.into_inner().version,
                                 boot_us: t0.elapsed().as_micros() as u64,
+                                template_cmdline: captured.as_ref().map(|c| c.cmdline.clone()).unwrap_or_default(),
+                                template_capture_us: captured.map(|c| c.stopped.as_micros() as u64).unwrap_or(0),
                             }),
                             (Ok(Ok(_)), Err(e)) => Readiness::Failed(e),
                             (Ok(Err(e)), _) => Readiness::Failed(format!("configuring the agent: {}", e.message())),

@@ -10,6 +10,7 @@ use crate::sandbox::egress::with_policy_locked;
 use crate::sandbox::launch::{self, LaunchSpec};
 use crate::sandbox::record::rfc3339;
 use crate::sandbox::teardown::teardown;
+use crate::sandbox::templates::Plan;
 use crate::sandbox::{SandboxEntry, State as SbState};
 use crate::server::Ctx;
 use crate::snapshot::Origin;
@@ -277,6 +278,12 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
     let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
+    let plan = template_plan(&ctx, &image_id, origin.vm.as_ref(), &limits, vm_restore.is_some(), &id);
+    let (template_clone, vm_capture) = match &plan {
+        Plan::Clone { files, .. } => (Some(files.clone()), None),
+        Plan::Capture(c) => (None, Some(c.request.clone())),
+        Plan::None => (None, None),
+    };
     let spec = LaunchSpec {
         id: id.clone(),
         root,
@@ -286,9 +293,26 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         volumes: prepared.mounts,
         tmp_on_root: origin.tmp_on_root,
         expires_at,
-        vm_restore: vm_restore.map(|(_, files)| files),
+        vm_restore: vm_restore.map(|(_, files)| files).or(template_clone),
+        vm_capture,
     };
-    let (mut runtime, child) = launch::launch(&ctx, &spec).await?;
+    let launched = launch::launch(&ctx, &spec).await;
+    let template_cmdline = launched.as_ref().map(|(_, _, r)| r.template_cmdline.clone()).unwrap_or_default();
+    if let Some(t) = &ctx.templates {
+        match plan {
+            Plan::Clone { key, .. } if launched.is_err() => t.broken(&key),
+            Plan::Capture(c) => {
+                let c2 = ctx.clone();
+                tokio::task::spawn_blocking(move || {
+                    if let Some(t) = &c2.templates {
+                        t.finish(c, &template_cmdline)
+                    }
+                });
+            }
+            _ => {}
+        }
+    }
+    let (mut runtime, child, _) = launched?;
     runtime.volumes = Some(prepared.held);
     let log = runtime.log.clone();
     let entry = Arc::new(
@@ -317,6 +341,31 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         metadata: v.metadata,
     };
     Ok((StatusCode::ACCEPTED, Json(resp)).into_response())
+}
+
+/// What a create does about vm templates (`--vm-templates`): only a vm create that is not
+/// a restore of a snapshot takes part.
+fn template_plan(
+    ctx: &Ctx,
+    image_id: &str,
+    vm: Option<&crate::snapshot::VmShape>,
+    limits: &pvisor_worker::config::Limits,
+    restore: bool,
+    id: &str,
+) -> Plan {
+    match (&ctx.templates, &ctx.vm, vm, restore) {
+        (Some(t), Ok(assets), Some(shape), false) => {
+            let shape = pvisor_worker::vm::template::Shape {
+                vcpus: shape.vcpus,
+                memory_mib: shape.memory_mib,
+                net: shape.net,
+                cmdline_extra: String::new(),
+                disk_bytes: limits.disk_bytes,
+            };
+            t.plan(assets, image_id, shape, id)
+        }
+        _ => Plan::None,
+    }
 }
 
 #[utoipa::path(get, path = "/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),

@@ -35,8 +35,10 @@ pub struct LaunchSpec {
     pub tmp_on_root: bool,
     /// When the sandbox expires (the worker enforces it too).
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
-    /// vm: the snapshot this sandbox resumes (a restore), if any.
+    /// vm: the snapshot this sandbox resumes (a restore or a template's clone), if any.
     pub vm_restore: Option<super::vm::VmRestoreFiles>,
+    /// vm: capture a template during this create (see [`super::templates`]).
+    pub vm_capture: Option<pvisor_proto::worker::TemplateCapture>,
 }
 
 /// The limits of the sandbox's whole group. A vm's guest RAM is the memory
@@ -71,8 +73,9 @@ fn backend_config(ctx: &Ctx, spec: &LaunchSpec, state_dir: &Path) -> Result<Back
         RootFs::Disk(disk) => {
             let vm = ctx.vm.as_ref().map_err(|e| format!("the vm backend is not available on this server: {e}"))?;
             let memory_merge = ctx.memory_merge.is_some();
+            let template_capture = spec.vm_capture.clone();
             vm.config(disk.clone(), &spec.limits, state_dir, spec.vm_restore.as_ref())
-                .map(|c| BackendConfig::Vm(VmConfig { memory_merge, ..c }))
+                .map(|c| BackendConfig::Vm(VmConfig { memory_merge, template_capture, ..c }))
         }
     }
 }
@@ -81,9 +84,12 @@ fn start_failed(msg: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "SANDBOX_START_FAILED", msg)
 }
 
-/// Starts the sandbox on a warm worker; returns the live runtime and the
-/// worker process.
-pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio::process::Child), ApiError> {
+/// Starts the sandbox on a warm worker; returns the live runtime, the
+/// worker process and what its worker said when ready.
+pub async fn launch(
+    ctx: &Arc<Ctx>,
+    spec: &LaunchSpec,
+) -> Result<(Runtime, tokio::process::Child, pvisor_proto::worker::ReadyReply), ApiError> {
     let c = ctx.clone();
     let w = tokio::task::spawn_blocking(move || c.pool.take(&c))
         .await
@@ -117,7 +123,7 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
     };
     super::pool::Pool::refill(ctx.clone());
     match ready {
-        Ok(channel) => {
+        Ok((channel, ready)) => {
             let worker_pid = child.id().unwrap_or(0);
             let worker_pidfd = super::teardown::pidfd_open(worker_pid);
             let worker_proc = crate::durable::proc::ProcId::of(worker_pid);
@@ -136,6 +142,7 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
                     volumes: None,
                 },
                 child,
+                ready,
             ))
         }
         Err(msg) => {
@@ -162,11 +169,11 @@ pub async fn launch(ctx: &Arc<Ctx>, spec: &LaunchSpec) -> Result<(Runtime, tokio
     }
 }
 
-async fn wait_ready(socket: &Path) -> Result<Channel, String> {
+async fn wait_ready(socket: &Path) -> Result<(Channel, pvisor_proto::worker::ReadyReply), String> {
     let channel = pvisor_worker::launch::connect_unix(socket).await.map_err(|e| format!("connect to worker: {e}"))?;
     let mut client = WorkerClient::new(channel.clone());
     match tokio::time::timeout(READY_TIMEOUT, client.ready(pvisor_proto::worker::Empty {})).await {
-        Ok(Ok(_)) => Ok(channel),
+        Ok(Ok(r)) => Ok((channel, r.into_inner())),
         Ok(Err(s)) => Err(s.message().to_string()),
         Err(_) => Err(format!("sandbox not ready within {} s", READY_TIMEOUT.as_secs())),
     }

@@ -14,6 +14,7 @@ pub mod record;
 pub mod registry;
 pub mod rootfs;
 pub mod teardown;
+pub mod templates;
 pub mod trees;
 pub mod vm;
 

@@ -74,7 +74,10 @@ impl VmAssets {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let initramfs = dir.join("initramfs.cpio");
         let cpio = pvisor_vmm::initramfs::agent_initramfs(agent).map_err(|e| format!("initramfs: {e}"))?;
-        write_atomically(&initramfs, &cpio)?;
+        // Rewritten only when the agent changed: the file's identity keys vm templates.
+        if std::fs::read(&initramfs).ok().as_deref() != Some(&cpio[..]) {
+            write_atomically(&initramfs, &cpio)?;
+        }
         let identity = identity_of(kernel, &cpio)?;
         let assets = VmAssets { kernel: kernel.to_path_buf(), initramfs, identity, dir: dir.to_path_buf(), engine };
         assets.scratch_template(0)?;
@@ -142,6 +145,8 @@ impl VmAssets {
             cmdline_extra: String::new(),
             // Set by the launch from the server's `--memory-merge`.
             memory_merge: false,
+            // Set by the launch (a template capture).
+            template_capture: None,
             restore: restore
                 .map(|r| VmRestore { state_file: r.state.to_string_lossy().into_owned(), cmdline: r.cmdline.clone() }),
         })
@@ -196,35 +201,9 @@ fn make_scratch_template(path: &Path, bytes: u64) -> Result<(), String> {
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Copies `from` to `to` keeping holes (SEEK_DATA/SEEK_HOLE), so a 4 GiB
-/// template with a few MiB of ext4 metadata costs a few MiB.
+/// Copies `from` to a new file `to` keeping holes (SEEK_DATA/SEEK_HOLE), so a 4 GiB
+/// template with a few MiB of ext4 metadata costs a few MiB (the worker's copy, which an ns
+/// sandbox's disk uses too).
 pub fn copy_sparse(from: &Path, to: &Path) -> Result<(), String> {
-    use std::os::unix::fs::FileExt;
-    let err = |what: &str, e: std::io::Error| format!("{what}: {e}");
-    let src = std::fs::File::open(from).map_err(|e| err(&from.display().to_string(), e))?;
-    let len = src.metadata().map_err(|e| err("stat", e))?.len();
-    let dst = std::fs::File::create(to).map_err(|e| err(&to.display().to_string(), e))?;
-    dst.set_len(len).map_err(|e| err("truncate", e))?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut pos: i64 = 0;
-    use std::os::fd::AsRawFd;
-    while (pos as u64) < len {
-        // SAFETY: lseek on an fd we own, with plain integer arguments.
-        let data = unsafe { libc::lseek(src.as_raw_fd(), pos, libc::SEEK_DATA) };
-        if data < 0 {
-            break; // ENXIO: no data past pos
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(src.as_raw_fd(), data, libc::SEEK_HOLE) };
-        let end = if hole < 0 { len as i64 } else { hole };
-        let mut off = data;
-        while off < end {
-            let n = ((end - off) as usize).min(buf.len());
-            src.read_exact_at(&mut buf[..n], off as u64).map_err(|e| err("read", e))?;
-            dst.write_all_at(&buf[..n], off as u64).map_err(|e| err("write", e))?;
-            off += n as i64;
-        }
-        pos = end;
-    }
-    Ok(())
+    pvisor_worker::ns::disk::copy_sparse(from, to).map_err(|e| e.to_string())
 }

@@ -8,8 +8,9 @@
 //! * [`kvm`]: the project's own VMM on KVM (the product path).
 //! * [`qemu`]: the QEMU TCG test engine, serving the same device models
 //!   over vhost-user; its snapshots and restores ([`qmp`]: QEMU's machine protocol).
-//! * [`template`]: the own-VMM engine's template store (snapshot per kernel, initramfs,
-//!   image and shape; invalidation and gc), not wired into creates yet.
+//! * [`template`]: the template store (a snapshot per kernel, initramfs, image and shape;
+//!   invalidation and gc); [`capture`]: taking one during a create.
+pub mod capture;
 pub mod cmdline;
 pub mod console;
 pub mod disks;

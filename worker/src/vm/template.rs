@@ -117,6 +117,9 @@ pub struct Shape {
     pub net: bool,
     /// The command line's extra part (tests), which the guest booted with.
     pub cmdline_extra: String,
+    /// The scratch disk's size (the sandbox's disk bound).
+    #[serde(default)]
+    pub disk_bytes: u64,
 }
 
 /// Everything a template depends on; its [`key`](Self::key) names its directory.
@@ -161,6 +164,17 @@ struct Meta {
     key: TemplateKey,
     created_unix_s: u64,
     last_used_unix_s: u64,
+    /// Guest RAM is a file of its own (the own VMM's `memory`); the QEMU engine's is inside
+    /// `state`.
+    #[serde(default = "yes")]
+    memory_file: bool,
+    /// The guest kernel command line the template booted with (a clone boots its engine with it).
+    #[serde(default)]
+    cmdline: String,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn now_s() -> u64 {
@@ -176,11 +190,18 @@ pub struct Template {
     pub snapshot: pvisor_vmm::snapshot::SnapshotPaths,
     /// The scratch disk to copy for a clone.
     pub scratch: PathBuf,
+    /// The guest kernel command line it booted with.
+    pub cmdline: String,
 }
 
 impl Template {
-    fn at(dir: PathBuf) -> Self {
-        Template { snapshot: pvisor_vmm::snapshot::SnapshotPaths::in_dir(&dir), scratch: dir.join("scratch"), dir }
+    fn at(dir: PathBuf, cmdline: String) -> Self {
+        Template {
+            snapshot: pvisor_vmm::snapshot::SnapshotPaths::in_dir(&dir),
+            scratch: dir.join("scratch"),
+            dir,
+            cmdline,
+        }
     }
 }
 
@@ -228,8 +249,9 @@ impl TemplateStore {
         if meta.key != *key || !key.is_current() {
             return Ok(None);
         }
-        let template = Template::at(dir.clone());
-        if !template.snapshot.state.is_file() || !template.snapshot.memory.is_file() || !template.scratch.is_file() {
+        let template = Template::at(dir.clone(), meta.cmdline.clone());
+        let memory_ok = !meta.memory_file || template.snapshot.memory.is_file();
+        if !template.snapshot.state.is_file() || !memory_ok || !template.scratch.is_file() {
             return Ok(None);
         }
         meta.last_used_unix_s = now_s();
@@ -237,34 +259,49 @@ impl TemplateStore {
         Ok(Some(template))
     }
 
-    /// Makes the template for `key`: `fill` writes `state`, `memory` and `scratch` into the
-    /// staging directory it is given (e.g. `Snapshotter::snapshot` and a copy of the scratch
-    /// disk); the directory is then renamed into place, so a lookup never sees half a template.
-    /// If another creator won the race, its template is kept and returned.
+    /// Makes the template for `key`: `fill` writes `state`, `scratch` and (with
+    /// `memory_file`) `memory` into the staging directory it is given (e.g.
+    /// `Snapshotter::snapshot` and a copy of the scratch disk, or files a capture wrote,
+    /// moved in); the directory is then renamed into place, so a lookup never sees half a
+    /// template. If another creator won the race, its template is kept and returned.
     pub fn put<E>(
         &self,
         key: &TemplateKey,
+        memory_file: bool,
+        cmdline: &str,
         fill: impl FnOnce(&Template) -> Result<(), E>,
     ) -> Result<Result<Template, E>, Error> {
         let staging = self.root.join(format!(".staging-{}-{}", key.key(), std::process::id()));
         let _ = fs::remove_dir_all(&staging);
         fs::create_dir(&staging).map_err(io("creating", &staging))?;
-        if let Err(e) = fill(&Template::at(staging.clone())) {
+        if let Err(e) = fill(&Template::at(staging.clone(), cmdline.to_owned())) {
             let _ = fs::remove_dir_all(&staging);
             return Ok(Err(e));
         }
         let now = now_s();
-        Self::write_meta(&staging, &Meta { key: key.clone(), created_unix_s: now, last_used_unix_s: now })?;
+        let meta = Meta {
+            key: key.clone(),
+            created_unix_s: now,
+            last_used_unix_s: now,
+            memory_file,
+            cmdline: cmdline.to_owned(),
+        };
+        Self::write_meta(&staging, &meta)?;
         let dir = self.root.join(key.key());
         if let Err(e) = fs::rename(&staging, &dir) {
             let _ = fs::remove_dir_all(&staging);
             // A complete template of the same key already there is as good as ours.
             if dir.join("meta.json").is_file() {
-                return Ok(Ok(Template::at(dir)));
+                return Ok(Ok(Template::at(dir, cmdline.to_owned())));
             }
             return Err(io("renaming into place", &dir)(e));
         }
-        Ok(Ok(Template::at(dir)))
+        Ok(Ok(Template::at(dir, cmdline.to_owned())))
+    }
+
+    /// Removes the template of `key` (one a clone could not be made from).
+    pub fn remove(&self, key: &TemplateKey) {
+        let _ = fs::remove_dir_all(self.root.join(key.key()));
     }
 
     /// Removes stale, long-unused and broken templates. Templates named in `in_use` (keys of
@@ -326,7 +363,7 @@ mod tests {
     }
 
     fn shape() -> Shape {
-        Shape { vcpus: 1, memory_mib: 256, net: true, cmdline_extra: String::new() }
+        Shape { vcpus: 1, memory_mib: 256, net: true, cmdline_extra: String::new(), disk_bytes: 4 << 30 }
     }
 
     impl Fixture {
@@ -336,7 +373,7 @@ mod tests {
         }
 
         fn make(&self, key: &TemplateKey) -> Template {
-            let made = self.store.put(key, |t: &Template| {
+            let made = self.store.put(key, true, "console=ttyS0", |t: &Template| {
                 for f in [&t.snapshot.state, &t.snapshot.memory, &t.scratch] {
                     fs::write(f, b"x")?;
                 }
@@ -399,7 +436,7 @@ mod tests {
     fn a_failed_fill_leaves_nothing_behind() {
         let f = fixture();
         let key = f.key("sha256:aaa", shape());
-        let made = f.store.put(&key, |_| Err::<(), _>("snapshot failed")).unwrap();
+        let made = f.store.put(&key, true, "", |_| Err::<(), _>("snapshot failed")).unwrap();
         assert_eq!(made, Err("snapshot failed"));
         assert_eq!(fs::read_dir(&f.store.root).unwrap().count(), 0);
         assert_eq!(f.store.get(&key).unwrap(), None);

@@ -1,0 +1,133 @@
+//! vm templates (`pvisor serve --vm-templates`): the first create of an image and shape boots
+//! its guest and, once the agent first answers and before it is configured, the worker saves
+//! the machine (`VmConfig.template_capture`, `pvisor_worker::vm::capture`); the broker turns
+//! those files into a template of the store (`pvisor_worker::vm::template`: keyed by the
+//! kernel's and initramfs's file identity, the image and the shape; invalidated by a new key,
+//! gc'd when stale or unused). Every later create of that key restores from it
+//! (`VmConfig.restore`, a copy of the template's scratch disk) and then configures its own
+//! agent, with its own environment, entrypoint and (through `Agent.Refresh`) hostname, clock
+//! and entropy. One capture per key at a time; creates meanwhile boot.
+//!
+//! The engine must take machine snapshots: the QEMU TCG engine does (its clones load the state
+//! into their own memory, nothing is shared between them); the project's own VMM, whose
+//! clones would map the memory file copy-on-write, does not take them in its worker yet, so
+//! its captures fail (logged) and its creates boot.
+use super::vm::{VmAssets, VmRestoreFiles};
+use pvisor_proto::worker::TemplateCapture;
+use pvisor_worker::vm::template::{Shape, TemplateKey, TemplateStore};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Templates unused this long are removed (at start and after each new one).
+pub const UNUSED_FOR: Duration = Duration::from_secs(24 * 3600);
+
+pub struct Templates {
+    store: TemplateStore,
+    root: PathBuf,
+    /// Keys being captured now.
+    capturing: Mutex<HashSet<String>>,
+}
+
+/// What a create does about templates.
+pub enum Plan {
+    /// Nothing (no template, and another create is capturing one).
+    None,
+    /// Restore from this template.
+    Clone { key: TemplateKey, files: VmRestoreFiles },
+    /// Boot, and capture the template on the way.
+    Capture(Capture),
+}
+
+/// A capture in progress: where the worker writes.
+pub struct Capture {
+    key: TemplateKey,
+    dir: PathBuf,
+    pub request: TemplateCapture,
+}
+
+impl Templates {
+    /// The store under `<data>/templates`, gc'd.
+    pub fn open(data_dir: &Path) -> Result<Templates, String> {
+        let root = data_dir.join("templates");
+        let store = TemplateStore::open(&root).map_err(|e| e.to_string())?;
+        let t = Templates { store, root, capturing: Mutex::new(HashSet::new()) };
+        t.gc();
+        Ok(t)
+    }
+
+    fn gc(&self) {
+        match self.store.gc(UNUSED_FOR, &HashSet::new()) {
+            Ok(r) if r.stale + r.unused + r.broken > 0 => {
+                tracing::info!(stale = r.stale, unused = r.unused, broken = r.broken, "vm templates removed")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("vm templates gc: {e}"),
+        }
+    }
+
+    /// The plan of a create of `image_id` in `shape` by sandbox `sandbox_id`.
+    pub fn plan(&self, assets: &VmAssets, image_id: &str, shape: Shape, sandbox_id: &str) -> Plan {
+        let key = match TemplateKey::new(&assets.kernel, &assets.initramfs, image_id, shape) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!("vm templates: {e}");
+                return Plan::None;
+            }
+        };
+        match self.store.get(&key) {
+            Ok(Some(t)) => {
+                let files =
+                    VmRestoreFiles { state: t.snapshot.state.clone(), scratch: t.scratch.clone(), cmdline: t.cmdline };
+                return Plan::Clone { key, files };
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("vm templates: {e}"),
+        }
+        if !self.capturing.lock().unwrap_or_else(|e| e.into_inner()).insert(key.key()) {
+            return Plan::None;
+        }
+        // A staging name with this broker's pid: the store's gc keeps it while the broker lives.
+        let dir = self.root.join(format!(".staging-capture-{sandbox_id}-{}", std::process::id()));
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!("vm templates: {}: {e}", dir.display());
+            self.done(&key);
+            return Plan::None;
+        }
+        let request = TemplateCapture {
+            state_file: dir.join("state").to_string_lossy().into_owned(),
+            scratch_file: dir.join("scratch").to_string_lossy().into_owned(),
+        };
+        Plan::Capture(Capture { key, dir, request })
+    }
+
+    fn done(&self, key: &TemplateKey) {
+        self.capturing.lock().unwrap_or_else(|e| e.into_inner()).remove(&key.key());
+    }
+
+    /// The create finished: a non-empty `cmdline` means the worker captured the template.
+    pub fn finish(&self, cap: Capture, cmdline: &str) {
+        if !cmdline.is_empty() {
+            let (state, scratch) = (cap.dir.join("state"), cap.dir.join("scratch"));
+            let made = self.store.put(&cap.key, false, cmdline, |t| {
+                std::fs::rename(&state, &t.snapshot.state)?;
+                std::fs::rename(&scratch, &t.scratch)
+            });
+            match made {
+                Ok(Ok(t)) => tracing::info!(template = %t.dir.display(), "vm template made"),
+                Ok(Err(e)) => tracing::warn!("vm template: moving the capture in: {e}"),
+                Err(e) => tracing::warn!("vm template: {e}"),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&cap.dir);
+        self.done(&cap.key);
+        self.gc();
+    }
+
+    /// A clone of `key` could not be made: drop the template (the next create captures anew).
+    pub fn broken(&self, key: &TemplateKey) {
+        tracing::warn!(key = %key.key(), "vm template removed: a restore from it failed");
+        self.store.remove(key);
+    }
+}
