@@ -1,13 +1,15 @@
-"""vm snapshots through the API under the QEMU TCG test engine: what a snapshot
-stops the guest for, how big its state is, and a restore's create latency
-beside a fresh boot's, in the same run.
+"""vm snapshots through the API and vm templates under the QEMU TCG test
+engine: what a snapshot stops the guest for, how big its state is, and the
+create latency of a restore and of a template clone beside a fresh boot's, in
+the same run.
 
 Starts `pvisor serve --backend vm` (PVISOR_VM_ENGINE=qemu-tcg, PVISOR_QEMU: the
 patched QEMU of scripts/common.sh), creates one busybox source (1 vCPU,
 512 MiB), snapshots it N times (the broker's log gives the stopped time and
 the state's size), then creates N sandboxes by booting and N by restoring,
 one at a time (a create answers once the agent is ready and, for a restore,
-refreshed), each deleted after. TCG emulates the guest's CPU: these are
+refreshed), each deleted after; then a second server with `--vm-templates`:
+one create captures the template, N more are its clones. TCG emulates the guest's CPU: these are
 test-engine timings, not performance figures of the product engine.
 
     PVISOR_BIN=target/dist/pvisor PVISOR_TEST_IMAGES=/var/cache/pvisor/test-images \\
@@ -53,7 +55,7 @@ def timed_create(c: httpx.Client, body: dict) -> float:
     return dt * 1000
 
 
-def main() -> None:
+def serve(extra: list[str]) -> tuple[subprocess.Popen, httpx.Client, str]:
     data = tempfile.mkdtemp(prefix="pvisor-bench-vmsnap-", dir="/tmp")
     os.chmod(data, 0o755)
     subprocess.run([BIN, "image", "import", f"{IMAGES}/busybox.tar", "--data-dir", data], check=True,
@@ -62,16 +64,22 @@ def main() -> None:
     log_path = f"{data}.log"
     env = {**os.environ, "PVISOR_VM_ENGINE": "qemu-tcg"}
     srv = subprocess.Popen([BIN, "serve", "--listen", f"127.0.0.1:{p}", "--data-dir", data, "--backend", "vm",
-                            "--warm-workers", "1"], stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, env=env)
+                            "--warm-workers", "1", *extra], stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+                           env=env)
+    c = httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=300)
+    for _ in range(100):
+        try:
+            if c.get("/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return srv, c, log_path
+
+
+def main() -> None:
+    srv, c, log_path = serve([])
     try:
-        c = httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=300)
-        for _ in range(100):
-            try:
-                if c.get("/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
         src = c.post("/v1/sandboxes", json=BOOT)
         src.raise_for_status()
         sid_src = src.json()["id"]
@@ -88,6 +96,14 @@ def main() -> None:
     finally:
         srv.terminate()
         srv.wait(timeout=30)
+    srv2, c2, log2 = serve(["--vm-templates"])
+    try:
+        capture = timed_create(c2, BOOT)
+        clones = [timed_create(c2, BOOT) for _ in range(N)]
+    finally:
+        srv2.terminate()
+        srv2.wait(timeout=30)
+    made = "vm template made" in re.sub(r"\x1b\[[0-9;]*m", "", open(log2).read())
     text = re.sub(r"\x1b\[[0-9;]*m", "", open(log_path).read())
     stopped = [float(m) for m in re.findall(r"vm machine saved .*?stopped_ms=(\d+)", text)]
     state = [int(m) for m in re.findall(r"vm machine saved .*?state_bytes=(\d+)", text)]
@@ -101,6 +117,11 @@ def main() -> None:
         "restore_create_ms_p50": statistics.median(restores),
         "restore_create_ms_p90": pct(restores, 0.9),
         "restore_vs_boot_p50": statistics.median(restores) / statistics.median(boots),
+        "template_made": made,
+        "template_capture_create_ms": capture,
+        "template_clone_create_ms_p50": statistics.median(clones),
+        "template_clone_create_ms_p90": pct(clones, 0.9),
+        "template_clone_vs_boot_p50": statistics.median(clones) / statistics.median(boots),
     }
     print(json.dumps(out, indent=2))
 
