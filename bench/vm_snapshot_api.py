@@ -64,7 +64,8 @@ def serve(extra: list[str]) -> tuple[subprocess.Popen, httpx.Client, str]:
     log_path = f"{data}.log"
     env = {**os.environ, "PVISOR_VM_ENGINE": "qemu-tcg"}
     srv = subprocess.Popen([BIN, "serve", "--listen", f"127.0.0.1:{p}", "--data-dir", data, "--backend", "vm",
-                            "--warm-workers", "1", *extra], stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+                            "--warm-workers", "1", "--stop-sandboxes-on-exit", *extra], stdout=open(log_path, "wb"),
+                           stderr=subprocess.STDOUT,
                            env=env)
     c = httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=300)
     for _ in range(100):
@@ -93,6 +94,7 @@ def main() -> None:
         boots = [timed_create(c, BOOT) for _ in range(N)]
         restores = [timed_create(c, {"snapshotId": snaps[-1], "timeout": 600, "resourceLimits": SHAPE})
                     for _ in range(N)]
+        c.delete(f"/v1/sandboxes/{sid_src}").raise_for_status()
     finally:
         srv.terminate()
         srv.wait(timeout=30)
