@@ -72,9 +72,16 @@ def beat(sb) -> tuple[int, str, int]:
 
 
 def take(srv, sb) -> str:
+    return wait_snapshot(srv, post_snapshot(srv, sb))
+
+
+def post_snapshot(srv, sb) -> str:
     resp = httpx.post(f"{srv.url}/v1/sandboxes/{sb.id}/snapshots", json={"name": "vm-e2e"}, timeout=60)
     assert resp.status_code == 202, resp.text
-    sid = resp.json()["id"]
+    return resp.json()["id"]
+
+
+def wait_snapshot(srv, sid: str) -> str:
 
     def done():
         st = httpx.get(f"{srv.url}/v1/snapshots/{sid}", timeout=30).json()["status"]
@@ -181,3 +188,17 @@ def test_a_vm_snapshot_survives_a_broker_restart(vm, snap_server):
     assert sh(r, f"cat {MEMORY_MARKER}") == "kept"
     # The re-adopted source is still its own machine.
     assert sh(vm.created[0], f"cat {MEMORY_MARKER}") == "kept"
+
+
+@pytest.mark.deadline(400)
+def test_two_snapshots_at_once_take_turns(vm, snap_server):
+    src = vm(BUSYBOX)
+    sh(src, f"echo both > {MEMORY_MARKER}")
+    # Two at once: each stops, saves and resumes the machine in turn (neither resumes it
+    # under the other), so both are whole.
+    first, second = post_snapshot(snap_server, src), post_snapshot(snap_server, src)
+    for sid in (first, second):
+        wait_snapshot(snap_server, sid)
+        r = vm(None, snapshot_id=sid)
+        assert sh(r, f"cat {MEMORY_MARKER}") == "both"
+    assert sh(src, "echo alive") == "alive"

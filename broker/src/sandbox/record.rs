@@ -88,6 +88,9 @@ pub struct SandboxEntry {
     pub egress: tokio::sync::Mutex<Option<Policy>>,
     /// Lifecycle events for the diagnostics API.
     pub events: EventLog,
+    /// Held by a snapshot from the sandbox's stop (freeze, or vCPUs) to its resume, so two
+    /// snapshots of one sandbox take turns instead of one resuming it under the other.
+    pub snapshot_lock: tokio::sync::Mutex<()>,
     /// What snapshots need to know of it (backend, env, its own snapshot).
     pub origin: crate::snapshot::Origin,
     /// Where the record is kept on disk (unset in unit tests).
@@ -262,6 +265,7 @@ impl SandboxEntry {
             deleting: AtomicBool::new(false),
             egress: tokio::sync::Mutex::new(None),
             events,
+            snapshot_lock: tokio::sync::Mutex::new(()),
             origin: Default::default(),
             store: Default::default(),
             save_lock: Mutex::new(()),

@@ -56,6 +56,8 @@ pub fn spawn(ctx: Arc<Ctx>, sb: Arc<SandboxEntry>, rec: SnapshotRecord) {
     tokio::spawn(async move {
         let started = Instant::now();
         let vm = sb.origin.vm.is_some();
+        // One snapshot of a sandbox at a time (see SandboxEntry::snapshot_lock).
+        let turn = sb.snapshot_lock.lock().await;
         let r = match vm {
             true => tokio::time::timeout(TIMEOUT, async { run_vm(&ctx, &sb, &rec).await.map(Taken::Vm) }).await,
             false => tokio::time::timeout(TIMEOUT, async { run(&ctx, &sb, &rec).await.map(Taken::Image) }).await,
@@ -70,6 +72,7 @@ pub fn spawn(ctx: Arc<Ctx>, sb: Arc<SandboxEntry>, rec: SnapshotRecord) {
                 None,
             ),
         };
+        drop(turn);
         let _ = std::fs::remove_file(ctx.snapshots.spool_path(&rec.id));
         if state != SnapState::Ready {
             ctx.snapshots.remove_vm_files(&rec.id);
