@@ -32,6 +32,9 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// What the caller ran while the devices were held failed.
+    #[error("while the VM was held for the snapshot: {0}")]
+    WhileHeld(#[source] io::Error),
     /// The state file does not start with the snapshot magic.
     #[error("{0} is not a pvisor snapshot state file")]
     BadMagic(PathBuf),

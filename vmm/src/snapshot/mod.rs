@@ -31,7 +31,8 @@
 //! [`crate::devices::virtio::mmio::snapshot`]) if their device declares snapshot support
 //! (virtio-blk does; vsock does: a restored vsock device starts without host connections and
 //! sends the guest a transport reset, so the guest drops its connections and the host connects
-//! again; net does not yet: its link to netd would need reconnecting). While the state and memory are captured, every transport's
+//! again; net does: a restored one is on a new link, the frame in flight each way is not
+//! carried). While the state and memory are captured, every transport's
 //! device cell is locked, so the device thread cannot touch guest memory or queues mid-capture.
 //! [`restore_with_devices`] takes fresh device models in the same order (a block device over the
 //! same backend), restores each transport into the same window and GSI, and kicks its queues.
@@ -145,9 +146,21 @@ impl Snapshotter {
     /// Pauses the VM, writes its snapshot to `paths`, and resumes it (unless it was paused
     /// already). The VM does not run while the files are written.
     pub fn snapshot(&self, paths: &SnapshotPaths) -> Result<SnapshotInfo, Error> {
+        self.snapshot_with(paths, || Ok(()))
+    }
+
+    /// [`Snapshotter::snapshot`], running `with_devices_held` once the memory file is written
+    /// and before anything runs again: the vCPUs are paused and the device thread is kept out
+    /// of every device, so disks are as the saved queues left them (the worker copies the
+    /// scratch disk here). Its error fails the snapshot.
+    pub fn snapshot_with(
+        &self,
+        paths: &SnapshotPaths,
+        with_devices_held: impl FnOnce() -> std::io::Result<()>,
+    ) -> Result<SnapshotInfo, Error> {
         let was_paused = self.handle.is_paused();
         self.handle.pause()?;
-        let result = self.capture(paths);
+        let result = self.capture(paths, with_devices_held);
         if !was_paused {
             // A VM that ended meanwhile cannot resume; the snapshot's result stands.
             let _ = self.handle.resume();
@@ -156,7 +169,11 @@ impl Snapshotter {
     }
 
     /// Takes the snapshot of a VM that is paused (or not yet started).
-    fn capture(&self, paths: &SnapshotPaths) -> Result<SnapshotInfo, Error> {
+    fn capture(
+        &self,
+        paths: &SnapshotPaths,
+        with_devices_held: impl FnOnce() -> std::io::Result<()>,
+    ) -> Result<SnapshotInfo, Error> {
         let mut missing = Vec::new();
         let mut vcpus = Vec::with_capacity(self.views.len());
         for view in &self.views {
@@ -196,6 +213,7 @@ impl Snapshotter {
             memory: state::MemoryState { bytes: regions.iter().map(|r| r.1).sum(), regions },
         };
         let stats = memory::write(&self.memory, self.backing_file.as_ref(), self.backing, &paths.memory)?;
+        with_devices_held().map_err(Error::WhileHeld)?;
         drop(cells);
         drop(transports);
         let state_bytes = format::write(&snapshot, &paths.state)?;

@@ -51,4 +51,4 @@ pub enum Error {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

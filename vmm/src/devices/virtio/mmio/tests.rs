@@ -56,13 +56,13 @@ impl VirtioDevice for Recorder {
     }
 }
 
-fn rd(t: &mut MmioTransport, offset: u64) -> u32 {
+pub(crate) fn rd(t: &mut MmioTransport, offset: u64) -> u32 {
     let mut b = [0u8; 4];
     t.read(offset, &mut b);
     u32::from_le_bytes(b)
 }
 
-fn wr(t: &mut MmioTransport, offset: u64, value: u32) {
+pub(crate) fn wr(t: &mut MmioTransport, offset: u64, value: u32) {
     t.write(offset, &value.to_le_bytes());
 }
 
@@ -75,7 +75,7 @@ fn transport() -> (MmioTransport, Arc<Mutex<Log>>, GuestMemory) {
 }
 
 /// Negotiates `features` and returns the resulting status.
-fn negotiate(t: &mut MmioTransport, features: u64) -> u32 {
+pub(crate) fn negotiate(t: &mut MmioTransport, features: u64) -> u32 {
     wr(t, STATUS, STATUS_ACKNOWLEDGE);
     wr(t, STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
     wr(t, DRIVER_FEATURES_SEL, 0);
@@ -86,7 +86,7 @@ fn negotiate(t: &mut MmioTransport, features: u64) -> u32 {
     rd(t, STATUS)
 }
 
-fn setup_queue(t: &mut MmioTransport, index: u32, q: &DriverQueue) {
+pub(crate) fn setup_queue(t: &mut MmioTransport, index: u32, q: &DriverQueue) {
     wr(t, QUEUE_SEL, index);
     wr(t, QUEUE_NUM, u32::from(q.size));
     wr(t, QUEUE_DESC_LOW, q.desc as u32);
@@ -98,7 +98,7 @@ fn setup_queue(t: &mut MmioTransport, index: u32, q: &DriverQueue) {
     wr(t, QUEUE_READY, 1);
 }
 
-const OK: u32 = STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK;
+pub(crate) const OK: u32 = STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK;
 
 #[test]
 fn identification_registers() {

@@ -386,3 +386,61 @@ fn a_frame_before_the_rx_ring_is_ready_waits_without_spinning() {
     g.kick(RX_QUEUE);
     assert_eq!(g.rx.take_used(&g.mem), vec![(0, (HDR_LEN + 100) as u32)]);
 }
+
+/// A snapshot of the device goes through its transport: a clone's device on a new link (its
+/// own netd) continues the guest's rings where the source left them; the source's link sees
+/// nothing of the clone.
+#[test]
+fn a_restored_device_continues_the_rings_on_its_new_link() {
+    use crate::devices::virtio::mmio::regs::{STATUS, STATUS_DRIVER_OK};
+    use crate::devices::virtio::mmio::tests::{negotiate, setup_queue, wr, OK};
+    use crate::devices::virtio::mmio::MmioTransport;
+    use vm_memory::GuestMemoryAtomic;
+
+    let mem = memory();
+    let (dev_end, peer) = pair();
+    let dev = Net::new(dev_end, MAC, MTU).expect("net device");
+    assert_eq!(dev.snapshot_support(), Ok(()));
+    let mut t = MmioTransport::new(Box::new(dev), GuestMemoryAtomic::new(mem.clone())).expect("transport");
+    let features = 1u64 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_NET_F_MAC | 1 << VIRTIO_NET_F_MTU;
+    assert_eq!(negotiate(&mut t, features), OK);
+    let mut rx = DriverQueue::new(&mem, 0x1_0000, QUEUE_SIZE);
+    let mut tx = DriverQueue::new(&mem, 0x2_0000, QUEUE_SIZE);
+    setup_queue(&mut t, RX_QUEUE as u32, &rx);
+    setup_queue(&mut t, TX_QUEUE as u32, &tx);
+    wr(&mut t, STATUS, OK | STATUS_DRIVER_OK);
+    let bufs = [BUFS, BUFS + 0x1_0000, BUFS + 0x2_0000];
+    for b in bufs {
+        rx.add_chain(&mem, &[Buf::w(b, 0x1_0000)]);
+    }
+    t.cell().lock().expect("cell").process_queue(RX_QUEUE);
+    let first = frame(100, 1);
+    send(peer.as_raw_fd(), &first, MsgFlags::empty()).expect("netd send");
+    t.cell().lock().expect("cell").handle_event();
+    assert_eq!(rx.take_used(&mem), vec![(0, (HDR_LEN + first.len()) as u32)]);
+
+    let state = t.save_state().expect("a net transport saves");
+    let state = serde_json::from_slice(&serde_json::to_vec(&state).expect("encode")).expect("decode");
+    let (clone_end, clone_peer) = pair();
+    let clone = Net::new(clone_end, MAC, MTU).expect("net device");
+    let r = MmioTransport::restore(Box::new(clone), GuestMemoryAtomic::new(mem.clone()), &state).expect("restore");
+    // The clone's netd delivers into the next posted buffer (descriptor 1).
+    let second = frame(200, 2);
+    send(clone_peer.as_raw_fd(), &second, MsgFlags::empty()).expect("clone netd send");
+    r.cell().lock().expect("cell").process_queue(RX_QUEUE);
+    r.cell().lock().expect("cell").handle_event();
+    assert_eq!(rx.take_used(&mem), vec![(1, (HDR_LEN + second.len()) as u32)]);
+    assert_eq!(read(&mem, bufs[1] + HDR_LEN as u64, second.len()), second);
+    // The guest's next frame leaves on the clone's link only.
+    let out = frame(60, 3);
+    let at = BUFS + 0x4_0000;
+    write(&mem, at, &[0u8; HDR_LEN]);
+    write(&mem, at + HDR_LEN as u64, &out);
+    let head = tx.add_chain(&mem, &[Buf::r(at, (HDR_LEN + out.len()) as u32)]);
+    r.cell().lock().expect("cell").process_queue(TX_QUEUE);
+    assert_eq!(tx.take_used(&mem), vec![(u32::from(head), 0)]);
+    let mut got = vec![0u8; 70_000];
+    let n = recv(clone_peer.as_raw_fd(), &mut got, MsgFlags::MSG_DONTWAIT).expect("the clone's netd gets the frame");
+    assert_eq!(&got[..n], &out[..]);
+    assert_eq!(recv(peer.as_raw_fd(), &mut got, MsgFlags::MSG_DONTWAIT), Err(nix::errno::Errno::EAGAIN));
+}
