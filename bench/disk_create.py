@@ -10,14 +10,16 @@ P50/P90 per configuration. Root only (the disk bound needs it).
 """
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
+
+from lib.common import free_port, wait_http
 
 BIN = os.environ["PVISOR_BIN"]
 IMAGES = os.environ["PVISOR_TEST_IMAGES"]
@@ -26,31 +28,19 @@ BODY = {"image": {"uri": "busybox:latest"}, "timeout": 300, "resourceLimits": {"
         "entrypoint": ["tail", "-f", "/dev/null"]}
 
 
-def port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(disk_limit: str) -> list[float]:
     data = tempfile.mkdtemp(prefix="pvisor-bench-disk-", dir="/tmp")
     os.chmod(data, 0o755)
     subprocess.run([BIN, "image", "import", f"{IMAGES}/busybox.tar", "--data-dir", data], check=True,
                    capture_output=True)
-    p = port()
+    p = free_port()
     log = open(f"{data}.log", "wb")
     srv = subprocess.Popen([BIN, "serve", "--listen", f"127.0.0.1:{p}", "--data-dir", data, "--backend", "ns",
                             "--disk-limit", disk_limit], stdout=log, stderr=subprocess.STDOUT)
     times = []
     try:
+        wait_http(f"http://127.0.0.1:{p}/health", "pvisor serve", Path(f"{data}.log"), proc=srv)
         c = httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=60)
-        for _ in range(100):
-            try:
-                if c.get("/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
         for i in range(N + 3):
             time.sleep(0.5)  # let the warm pool refill
             t = time.perf_counter()

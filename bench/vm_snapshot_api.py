@@ -18,14 +18,16 @@ test-engine timings, not performance figures of the product engine.
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
+
+from lib.common import free_port, wait_http
 
 BIN = os.environ["PVISOR_BIN"]
 IMAGES = os.environ["PVISOR_TEST_IMAGES"]
@@ -33,12 +35,6 @@ N = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 SHAPE = {"cpu": "1", "memory": "512Mi"}
 BOOT = {"image": {"uri": "busybox:latest"}, "timeout": 600, "resourceLimits": SHAPE,
         "entrypoint": ["tail", "-f", "/dev/null"]}
-
-
-def port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -60,22 +56,15 @@ def serve(extra: list[str]) -> tuple[subprocess.Popen, httpx.Client, str]:
     os.chmod(data, 0o755)
     subprocess.run([BIN, "image", "import", f"{IMAGES}/busybox.tar", "--data-dir", data], check=True,
                    capture_output=True)
-    p = port()
+    p = free_port()
     log_path = f"{data}.log"
     env = {**os.environ, "PVISOR_VM_ENGINE": "qemu-tcg"}
     srv = subprocess.Popen([BIN, "serve", "--listen", f"127.0.0.1:{p}", "--data-dir", data, "--backend", "vm",
                             "--warm-workers", "1", "--stop-sandboxes-on-exit", *extra], stdout=open(log_path, "wb"),
                            stderr=subprocess.STDOUT,
                            env=env)
-    c = httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=300)
-    for _ in range(100):
-        try:
-            if c.get("/health").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    return srv, c, log_path
+    wait_http(f"http://127.0.0.1:{p}/health", "pvisor serve", Path(log_path), proc=srv)
+    return srv, httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=300), log_path
 
 
 def main() -> None:

@@ -112,8 +112,9 @@ enum Cmd {
         #[arg(long)]
         memory_merge: bool,
         /// vm templates: the first create of an image and shape saves its
-        /// booted guest, later ones restore from it (under engines that take
-        /// machine snapshots: the QEMU test engine today). Off by default.
+        /// booted guest, later ones restore from it (the project's VMM maps
+        /// its memory copy-on-write, so clones share untouched pages). Off by
+        /// default.
         #[arg(long)]
         vm_templates: bool,
     },

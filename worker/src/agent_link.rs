@@ -33,6 +33,25 @@ pub fn lost_connection(s: &tonic::Status) -> bool {
         || (s.code() == tonic::Code::Unknown && s.message() == "transport error")
 }
 
+/// Runs `call` again while it fails because its connection went away ([`lost_connection`]):
+/// a restored guest resets its vsock connections once it runs, and the channel reconnects.
+/// Other outcomes are returned. The caller bounds the time.
+pub async fn until_connected<T, F, Fut>(mut call: F) -> std::result::Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, tonic::Status>>,
+{
+    loop {
+        match call().await {
+            Err(s) if lost_connection(&s) => {
+                tracing::debug!("agent call: {}; again", s.message());
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// An error with its chain of causes (tonic's own text is only "transport error").
 fn with_sources(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();

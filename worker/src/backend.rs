@@ -74,11 +74,11 @@ pub trait Sandbox: Send + Sync {
     fn console_tail(&self) -> String {
         String::new()
     }
-    /// Stops the sandbox's vCPUs and writes its whole machine state (guest
-    /// memory included) to `state_path`; the vCPUs stay stopped until
-    /// [`Sandbox::resume`]. Only a vm engine that can ([`WorkerError::Unsupported`] otherwise).
-    fn snapshot(&self, state_path: &std::path::Path) -> Result<SnapshotTaken> {
-        let _ = state_path;
+    /// Stops the sandbox's vCPUs, writes its whole machine state (guest memory included) to
+    /// `files`, copies its scratch disk as the guest left it, and lets the vCPUs run on. Only
+    /// a vm engine that can ([`WorkerError::Unsupported`] otherwise).
+    fn snapshot(&self, files: &SnapshotFiles) -> Result<SnapshotTaken> {
+        let _ = files;
         Err(WorkerError::Unsupported(format!("snapshots of the machine state of {} sandboxes", self.backend())))
     }
     /// Brings what the sandbox sees of its own resources up to date (ns:
@@ -89,13 +89,25 @@ pub trait Sandbox: Send + Sync {
     }
 }
 
+/// Where [`Sandbox::snapshot`] writes: new files, none of which may exist.
+#[derive(Debug, Clone)]
+pub struct SnapshotFiles {
+    /// The machine's state.
+    pub state: std::path::PathBuf,
+    /// Guest RAM, for an engine that keeps it apart from the state (the project's VMM);
+    /// others do not create it.
+    pub memory: std::path::PathBuf,
+    /// The copy of the scratch disk.
+    pub scratch: std::path::PathBuf,
+}
+
 /// What [`Sandbox::snapshot`] wrote.
 #[derive(Clone, Debug)]
 pub struct SnapshotTaken {
     /// The guest kernel command line the sandbox booted with (a restore's).
     pub cmdline: String,
     pub state_bytes: u64,
-    /// How long the vCPUs have been stopped for it.
+    /// How long the vCPUs were stopped for it.
     pub stopped: std::time::Duration,
 }
 

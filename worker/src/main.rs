@@ -4,7 +4,7 @@
 use pvisor_proto::agent::agent_client::AgentClient;
 use pvisor_proto::worker::worker_server::WorkerServer;
 use pvisor_proto::worker::ReadyReply;
-use pvisor_worker::agent_link::lost_connection;
+use pvisor_worker::agent_link::until_connected;
 use pvisor_worker::backend::{self, NetLink, Sandbox};
 use pvisor_worker::cgroup::{GroupPaths, SANDBOX_LEAF};
 use pvisor_worker::config::{self, Common, WorkerConfig};
@@ -286,9 +286,7 @@ fn main() {
                     let agent_cfg = cfg.agent.clone().unwrap_or_default();
                     let hostname = common.hostname.clone();
                     let capture = match &cfg.backend {
-                        Some(config::BackendConfig::Vm(v)) => {
-                            v.template_capture.clone().map(|c| (c, v.scratch_disk.clone()))
-                        }
+                        Some(config::BackendConfig::Vm(v)) => v.template_capture.clone(),
                         _ => None,
                     };
                     tokio::spawn(async move {
@@ -296,38 +294,26 @@ fn main() {
                         let deadline = tokio::time::Instant::from_std(t0 + AGENT_READY_TIMEOUT);
                         let r = tokio::time::timeout_at(deadline, async {
                             let captured = match capture {
-                                Some((c, scratch)) => {
-                                    pvisor_worker::vm::capture::capture(&mut client, sb.clone(), c, scratch).await
-                                }
+                                Some(c) => pvisor_worker::vm::capture::capture(&mut client, sb.clone(), c).await,
                                 None => None,
                             };
-                            let ping = loop {
-                                match client.configure(agent_cfg.clone()).await {
-                                    // A guest restored from a snapshot resets its vsock
-                                    // connections once it runs (the transport reset QEMU sends
-                                    // after loading): the channel reconnects; try again.
-                                    Err(s) if sb.backend() == "vm" && lost_connection(&s) => {
-                                        tracing::debug!("configuring the agent: {}; again", s.message());
-                                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                                    }
-                                    r => break r?,
-                                }
-                            };
+                            // A guest restored from a snapshot resets its vsock connections once
+                            // it runs (the transport reset QEMU sends after loading): these calls
+                            // are made again on the reconnected channel.
+                            let ping = until_connected(|| {
+                                let (mut c, cfg) = (client.clone(), agent_cfg.clone());
+                                async move { c.configure(cfg).await }
+                            })
+                            .await?;
                             // A guest gets the host's clock, fresh entropy and its hostname
                             // before anything runs in it (a restored one resumes with its source's).
                             if sb.backend() == "vm" {
-                                loop {
-                                    match client.refresh(guest_refresh(&hostname)).await {
-                                        // The restored guest's transport reset may land here too.
-                                        Err(s) if lost_connection(&s) => {
-                                            tokio::time::sleep(std::time::Duration::from_millis(50)).await
-                                        }
-                                        r => {
-                                            r?;
-                                            break;
-                                        }
-                                    };
-                                }
+                                until_connected(|| {
+                                    let mut c = client.clone();
+                                    let req = guest_refresh(&hostname);
+                                    async move { c.refresh(req).await }
+                                })
+                                .await?;
                             }
                             Ok::<_, tonic::Status>((ping, captured))
                         })

@@ -154,11 +154,18 @@ impl Worker for WorkerService {
 
     async fn snapshot(&self, req: Request<SnapshotRequest>) -> Result<Response<SnapshotReply>, Status> {
         let sb = self.sandbox()?;
-        let path = std::path::PathBuf::from(req.into_inner().state_path);
-        if !path.is_absolute() || path.exists() {
-            return Err(Status::invalid_argument("state_path must be an absolute path of a file that does not exist"));
+        let req = req.into_inner();
+        let files = crate::backend::SnapshotFiles {
+            state: req.state_path.into(),
+            memory: req.memory_path.into(),
+            scratch: req.scratch_path.into(),
+        };
+        if [&files.state, &files.memory, &files.scratch].iter().any(|p| !p.is_absolute() || p.exists()) {
+            return Err(Status::invalid_argument(
+                "state_path, memory_path and scratch_path must be absolute paths of files that do not exist",
+            ));
         }
-        match tokio::task::spawn_blocking(move || sb.snapshot(&path)).await {
+        match tokio::task::spawn_blocking(move || sb.snapshot(&files)).await {
             Ok(Ok(t)) => Ok(Response::new(SnapshotReply {
                 cmdline: t.cmdline,
                 state_bytes: t.state_bytes,

@@ -297,7 +297,8 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         vm_capture,
     };
     let launched = launch::launch(&ctx, &spec).await;
-    let template_cmdline = launched.as_ref().map(|(_, _, r)| r.template_cmdline.clone()).unwrap_or_default();
+    let captured =
+        launched.as_ref().map(|(_, _, r)| (r.template_cmdline.clone(), r.template_capture_us)).unwrap_or_default();
     if let Some(t) = &ctx.templates {
         match plan {
             Plan::Clone { key, .. } if launched.is_err() => t.broken(&key),
@@ -305,7 +306,7 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
                 let c2 = ctx.clone();
                 tokio::task::spawn_blocking(move || {
                     if let Some(t) = &c2.templates {
-                        t.finish(c, &template_cmdline)
+                        t.finish(c, &captured.0, captured.1)
                     }
                 });
             }

@@ -92,7 +92,7 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>, body: B
     let sb = ctx.registry.get(&id).ok_or_else(|| ApiError::sandbox_not_found(&id))?;
     let vm = sb.origin.backend == Some(BackendKind::Vm);
     if vm {
-        vm_snapshots_possible(&ctx, &sb)?;
+        vm_snapshots_possible(&sb)?;
     }
     let state = sb.status().state;
     if state != SbState::Running || sb.is_deleting() || sb.runtime_dirs().is_none() {
@@ -198,17 +198,8 @@ pub async fn unsupported() -> ApiError {
     ApiError::new(StatusCode::NOT_IMPLEMENTED, "NOT_SUPPORTED", "this snapshot route is not supported by this server")
 }
 
-/// Whether this server can snapshot the vm sandbox `sb` (its engine can).
-fn vm_snapshots_possible(ctx: &Ctx, sb: &crate::sandbox::SandboxEntry) -> ApiResult<()> {
-    let engine = ctx.vm.as_ref().map(|v| v.engine).ok();
-    if engine != Some(pvisor_proto::worker::VmEngine::QemuTcg) {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "SNAPSHOT::NOT_IMPLEMENTED",
-            "snapshots of vm sandboxes are taken by the QEMU engine only; under the project's own VMM the \
-             machine snapshot exists (pvisor_vmm::snapshot) but its worker does not take it yet",
-        ));
-    }
+/// Whether this server can snapshot the vm sandbox `sb` (it recorded its machine's shape).
+fn vm_snapshots_possible(sb: &crate::sandbox::SandboxEntry) -> ApiResult<()> {
     if sb.origin.vm.is_none() {
         return Err(ApiError::conflict(
             "SNAPSHOT::INVALID_SOURCE_STATE",
@@ -300,14 +291,16 @@ pub fn restore_source(ctx: &Ctx, sid: &str, has_image: bool, backend: BackendKin
     let assets = ctx.vm.as_ref().map_err(|e| invalid_restore(format!("the vm backend is not available: {e}")))?;
     if assets.identity() != vm.assets {
         return Err(invalid_restore(format!(
-            "snapshot {sid} was taken with another guest kernel or initramfs than this server's; its machine \
-             cannot resume on them"
+            "snapshot {sid} was taken with another guest kernel, initramfs or vm engine than this server's; \
+             its machine cannot resume on them"
         )));
     }
     let image = ctx.images.resolve(&vm.image_id).map_err(image_gone)?;
     let dir = ctx.snapshots.vm_dir(sid);
+    let memory = dir.join("memory");
     let files = crate::sandbox::vm::VmRestoreFiles {
         state: dir.join("state"),
+        memory: memory.is_file().then_some(memory),
         scratch: dir.join("scratch.img"),
         cmdline: vm.cmdline.clone(),
     };

@@ -8,10 +8,10 @@
 //! agent, with its own environment, entrypoint and (through `Agent.Refresh`) hostname, clock
 //! and entropy. One capture per key at a time; creates meanwhile boot.
 //!
-//! The engine must take machine snapshots: the QEMU TCG engine does (its clones load the state
-//! into their own memory, nothing is shared between them); the project's own VMM, whose
-//! clones would map the memory file copy-on-write, does not take them in its worker yet, so
-//! its captures fail (logged) and its creates boot.
+//! Both engines take machine snapshots. The project's own VMM writes guest RAM as a file of
+//! its own (`memory`) and its clones map it privately, so every clone shares the template's
+//! untouched pages through the page cache; the QEMU TCG engine's state holds the RAM and its
+//! clones load it into memory of their own. The key names the engine.
 use super::vm::{VmAssets, VmRestoreFiles};
 use pvisor_proto::worker::TemplateCapture;
 use pvisor_worker::vm::template::{Shape, TemplateKey, TemplateStore};
@@ -69,7 +69,8 @@ impl Templates {
 
     /// The plan of a create of `image_id` in `shape` by sandbox `sandbox_id`.
     pub fn plan(&self, assets: &VmAssets, image_id: &str, shape: Shape, sandbox_id: &str) -> Plan {
-        let key = match TemplateKey::new(&assets.kernel, &assets.initramfs, image_id, shape) {
+        let engine = super::vm::engine_name(assets.engine);
+        let key = match TemplateKey::new(&assets.kernel, &assets.initramfs, engine, image_id, shape) {
             Ok(k) => k,
             Err(e) => {
                 tracing::warn!("vm templates: {e}");
@@ -78,8 +79,13 @@ impl Templates {
         };
         match self.store.get(&key) {
             Ok(Some(t)) => {
-                let files =
-                    VmRestoreFiles { state: t.snapshot.state.clone(), scratch: t.scratch.clone(), cmdline: t.cmdline };
+                let memory = t.snapshot.memory.is_file().then(|| t.snapshot.memory.clone());
+                let files = VmRestoreFiles {
+                    state: t.snapshot.state.clone(),
+                    memory,
+                    scratch: t.scratch.clone(),
+                    cmdline: t.cmdline,
+                };
                 return Plan::Clone { key, files };
             }
             Ok(None) => {}
@@ -98,6 +104,7 @@ impl Templates {
         let request = TemplateCapture {
             state_file: dir.join("state").to_string_lossy().into_owned(),
             scratch_file: dir.join("scratch").to_string_lossy().into_owned(),
+            memory_file: dir.join("memory").to_string_lossy().into_owned(),
         };
         Plan::Capture(Capture { key, dir, request })
     }
@@ -106,16 +113,24 @@ impl Templates {
         self.capturing.lock().unwrap_or_else(|e| e.into_inner()).remove(&key.key());
     }
 
-    /// The create finished: a non-empty `cmdline` means the worker captured the template.
-    pub fn finish(&self, cap: Capture, cmdline: &str) {
+    /// The create finished: a non-empty `cmdline` means the worker captured the template
+    /// (keeping the guest stopped `capture_us`).
+    pub fn finish(&self, cap: Capture, cmdline: &str, capture_us: u64) {
         if !cmdline.is_empty() {
-            let (state, scratch) = (cap.dir.join("state"), cap.dir.join("scratch"));
-            let made = self.store.put(&cap.key, false, cmdline, |t| {
+            let (state, scratch, memory) = (cap.dir.join("state"), cap.dir.join("scratch"), cap.dir.join("memory"));
+            // The project's VMM writes guest RAM apart; QEMU's state holds it.
+            let memory_file = memory.is_file();
+            let made = self.store.put(&cap.key, memory_file, cmdline, |t| {
                 std::fs::rename(&state, &t.snapshot.state)?;
+                if memory_file {
+                    std::fs::rename(&memory, &t.snapshot.memory)?;
+                }
                 std::fs::rename(&scratch, &t.scratch)
             });
             match made {
-                Ok(Ok(t)) => tracing::info!(template = %t.dir.display(), "vm template made"),
+                Ok(Ok(t)) => {
+                    tracing::info!(template = %t.dir.display(), stopped_ms = capture_us / 1000, "vm template made")
+                }
                 Ok(Err(e)) => tracing::warn!("vm template: moving the capture in: {e}"),
                 Err(e) => tracing::warn!("vm template: {e}"),
             }

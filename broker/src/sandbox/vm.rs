@@ -56,6 +56,14 @@ pub fn engine(host: &HostSupport) -> Result<VmEngine, String> {
     }
 }
 
+/// The engine's name as [`ENGINE_ENV`] takes it.
+pub fn engine_name(engine: VmEngine) -> &'static str {
+    match engine {
+        VmEngine::Kvm => "kvm",
+        VmEngine::QemuTcg => "qemu-tcg",
+    }
+}
+
 /// `name` on `PATH`.
 pub fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
@@ -78,7 +86,7 @@ impl VmAssets {
         if std::fs::read(&initramfs).ok().as_deref() != Some(&cpio[..]) {
             write_atomically(&initramfs, &cpio)?;
         }
-        let identity = identity_of(kernel, &cpio)?;
+        let identity = identity_of(kernel, &cpio, engine)?;
         let assets = VmAssets { kernel: kernel.to_path_buf(), initramfs, identity, dir: dir.to_path_buf(), engine };
         assets.scratch_template(0)?;
         Ok(assets)
@@ -105,9 +113,9 @@ impl VmAssets {
         }
     }
 
-    /// What the guest runs: a SHA-256 over the initramfs (the agent) and the
-    /// kernel file's path, size and modification time. A vm snapshot restores
-    /// only where this is what it was taken with.
+    /// What the guest runs: a SHA-256 over the initramfs (the agent), the
+    /// kernel file's path, size and modification time, and the engine. A vm
+    /// snapshot restores only where this is what it was taken with.
     pub fn identity(&self) -> &str {
         &self.identity
     }
@@ -147,8 +155,11 @@ impl VmAssets {
             memory_merge: false,
             // Set by the launch (a template capture).
             template_capture: None,
-            restore: restore
-                .map(|r| VmRestore { state_file: r.state.to_string_lossy().into_owned(), cmdline: r.cmdline.clone() }),
+            restore: restore.map(|r| VmRestore {
+                state_file: r.state.to_string_lossy().into_owned(),
+                cmdline: r.cmdline.clone(),
+                memory_file: r.memory.as_ref().map(|m| m.to_string_lossy().into_owned()).unwrap_or_default(),
+            }),
         })
     }
 }
@@ -158,18 +169,23 @@ impl VmAssets {
 pub struct VmRestoreFiles {
     /// The machine's state (loaded by the engine in place: never written).
     pub state: PathBuf,
+    /// Guest RAM, where the engine keeps it apart (the project's VMM maps it privately: never
+    /// written).
+    pub memory: Option<PathBuf>,
     /// The scratch disk (copied for the restore).
     pub scratch: PathBuf,
     pub cmdline: String,
 }
 
-fn identity_of(kernel: &Path, initramfs: &[u8]) -> Result<String, String> {
+fn identity_of(kernel: &Path, initramfs: &[u8], engine: VmEngine) -> Result<String, String> {
     use sha2::{Digest, Sha256};
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(kernel).map_err(|e| format!("{}: {e}", kernel.display()))?;
     let mut h = Sha256::new();
     h.update(initramfs);
     h.update(format!("\0{}\0{}\0{}.{}", kernel.display(), m.len(), m.mtime(), m.mtime_nsec()).as_bytes());
+    // One engine's machine state is not another's.
+    h.update(format!("\0{}", engine_name(engine)).as_bytes());
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 

@@ -8,13 +8,14 @@
 //! live in `<data>/snapshots/` ([`store`]); [`take`] runs a capture.
 //!
 //! A vm snapshot is the whole machine ([`take`]): the worker stops the
-//! vCPUs and writes the machine's state with guest memory, the broker copies
-//! the scratch disk while they are stopped, then they run on. Its files are
-//! `<data>/snapshots/<id>.vm/{state,scratch.img}`; a restore is a create
-//! whose engine loads that state instead of booting ([`VmSnapshot`]), so the
-//! guest's processes run on from the moment of the snapshot. Only the QEMU
-//! TCG engine takes them today (see `pvisor_worker::vm::qemu`); under the
-//! project's own VMM the worker answers UNIMPLEMENTED and the API 501.
+//! vCPUs, writes the machine's state with guest memory and copies the
+//! scratch disk while they are stopped, then they run on. Its files are
+//! `<data>/snapshots/<id>.vm/{state,memory,scratch.img}` (`memory`: guest RAM
+//! apart from the state, the project's VMM's; QEMU's state holds it); a
+//! restore is a create whose engine loads that state instead of booting
+//! ([`VmSnapshot`]), so the guest's processes run on from the moment of the
+//! snapshot. Both engines take them (`pvisor_worker::vm::kvm`, `::qemu`); a
+//! snapshot restores only under the engine, kernel and initramfs it was taken with.
 pub mod capture;
 pub mod store;
 pub mod take;

@@ -65,9 +65,10 @@ pub struct SnapshotRecord {
     pub vm: Option<VmSnapshot>,
 }
 
-/// What a vm snapshot holds beside its files (`state`: the machine with
-/// guest memory; `scratch.img`: the scratch disk), and what a restore must
-/// match: the same guest kernel and initramfs, shape and devices.
+/// What a vm snapshot holds beside its files (`state`: the machine, with
+/// guest memory under QEMU; `memory`: guest memory under the project's VMM;
+/// `scratch.img`: the scratch disk), and what a restore must match: the same
+/// guest kernel, initramfs and engine, shape and devices.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VmSnapshot {
     /// The source's image in the pool (the restore's root disk).

@@ -5,10 +5,9 @@
 //! long — then import the spool into the pool as a layer over the
 //! sandbox's image and mark the record Ready (or Failed with the reason).
 //!
-//! vm: the worker stops the vCPUs and writes the machine's state
-//! (`Worker.Snapshot`), the broker copies the scratch disk (sparse) while
-//! they are stopped, then resumes them; the record gets the machine's
-//! [`VmSnapshot`]. The guest is stopped for the state and the copy.
+//! vm: the worker stops the vCPUs, writes the machine's state, copies the
+//! scratch disk (sparse) while they are stopped and lets them run on
+//! (`Worker.Snapshot`); the record gets the machine's [`VmSnapshot`].
 use super::capture::{self, Sources};
 use super::store::{SnapState, SnapshotRecord, MESSAGE_READY, REASON_FAILED, REASON_READY, REASON_TIMEOUT};
 use super::{image_name, Origin, VmSnapshot};
@@ -40,8 +39,6 @@ pub enum TakeError {
     Task(String),
     #[error("saving the machine's state: {0}")]
     Machine(String),
-    #[error("copying the scratch disk: {0}")]
-    Scratch(String),
 }
 
 /// What a finished snapshot produced.
@@ -148,45 +145,38 @@ async fn run(ctx: &Arc<Ctx>, sb: &Arc<SandboxEntry>, rec: &SnapshotRecord) -> Re
 async fn run_vm(ctx: &Arc<Ctx>, sb: &Arc<SandboxEntry>, rec: &SnapshotRecord) -> Result<VmSnapshot, TakeError> {
     let shape = sb.origin.vm.ok_or(TakeError::Gone)?;
     let assets = ctx.vm.as_ref().map_err(|e| TakeError::Machine(e.clone()))?.identity().to_string();
-    let (state_dir, _) = sb.runtime_dirs().ok_or(TakeError::Gone)?;
+    sb.runtime_dirs().ok_or(TakeError::Gone)?;
     let dir = ctx.snapshots.vm_dir(&rec.id);
     std::fs::create_dir_all(&dir).map_err(|e| TakeError::Machine(format!("{}: {e}", dir.display())))?;
-    let (state, scratch) = (dir.join("state"), dir.join("scratch.img"));
-    let started = Instant::now();
+    let (state, scratch, memory) = (dir.join("state"), dir.join("scratch.img"), dir.join("memory"));
     let r = with_policy_locked(sb, true, async {
         let mut client = WorkerClient::new(sb.channel()?);
-        let req = pvisor_proto::worker::SnapshotRequest { state_path: state.to_string_lossy().into_owned() };
-        let taken = client.snapshot(req).await.map_err(|s| TakeError::Machine(s.message().to_string()));
-        // The vCPUs are stopped (also after most failures): the disk is as the guest left it.
-        let copied = match &taken {
-            Ok(_) => {
-                let (from, to) = (state_dir.join("scratch.img"), scratch.clone());
-                tokio::task::spawn_blocking(move || crate::sandbox::vm::copy_sparse(&from, &to))
-                    .await
-                    .map_err(|e| TakeError::Task(e.to_string()))
-                    .and_then(|r| r.map_err(TakeError::Scratch))
-            }
-            Err(_) => Ok(()),
+        let req = pvisor_proto::worker::SnapshotRequest {
+            state_path: state.to_string_lossy().into_owned(),
+            scratch_path: scratch.to_string_lossy().into_owned(),
+            memory_path: memory.to_string_lossy().into_owned(),
         };
-        let resumed = client.resume(pvisor_proto::worker::Empty {}).await;
-        Ok::<_, crate::api::error::ApiError>((taken, copied, resumed))
+        Ok::<_, crate::api::error::ApiError>(client.snapshot(req).await)
     })
     .await;
-    let (taken, copied, resumed) = r.map_err(|e| TakeError::Machine(e.message))?;
-    resumed.map_err(|s| TakeError::Thaw(s.message().to_string()))?;
-    let reply = taken?.into_inner();
-    copied?;
+    let reply = r
+        .map_err(|e| TakeError::Machine(e.message))?
+        .map_err(|s| TakeError::Machine(s.message().to_string()))?
+        .into_inner();
     // On disk before the record says Ready, as snapshot records are.
     tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        for f in [&state, &scratch, &dir] {
-            std::fs::File::open(f)?.sync_all()?;
+        for f in [&state, &scratch, &memory, &dir] {
+            // The memory file is the project's VMM's only (QEMU's state holds guest RAM).
+            if f != &memory || memory.exists() {
+                std::fs::File::open(f)?.sync_all()?;
+            }
         }
         Ok(())
     })
     .await
     .map_err(|e| TakeError::Task(e.to_string()))?
     .map_err(|e| TakeError::Machine(format!("syncing the snapshot's files: {e}")))?;
-    tracing::info!(snapshot = %rec.id, stopped_ms = started.elapsed().as_millis() as u64,
+    tracing::info!(snapshot = %rec.id, stopped_ms = reply.stopped_us / 1000,
         state_bytes = reply.state_bytes, "vm machine saved");
     Ok(VmSnapshot {
         image_id: sb.image_id.clone(),

@@ -1,17 +1,15 @@
 //! Capturing a vm template during a create (`VmConfig.template_capture`): once the guest's
 //! agent first answers, and before it is configured (so every clone configures its own
 //! sandbox), the machine is saved as an API snapshot is ([`Sandbox::snapshot`]: vCPUs
-//! stopped, state written), the scratch disk copied while they are stopped, and the vCPUs run
-//! on. The broker turns the files into a template once the create is Ready. A capture that
-//! fails is logged and the create goes on: a template is an optimisation.
-use crate::agent_link::lost_connection;
-use crate::backend::Sandbox;
+//! stopped, state written, the scratch disk copied, the vCPUs run on). The broker turns the
+//! files into a template once the create is Ready. A capture that fails is logged and the
+//! create goes on: a template is an optimisation.
+use crate::agent_link::until_connected;
+use crate::backend::{Sandbox, SnapshotFiles};
 use crate::config::TemplateCapture;
-use crate::error::{Result, WorkerError};
 use pvisor_proto::agent::agent_client::AgentClient;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tonic::transport::Channel;
 
 /// A captured template: the guest's kernel command line and how long the vCPUs were stopped.
@@ -25,20 +23,24 @@ pub async fn capture(
     client: &mut AgentClient<Channel>,
     sb: Arc<dyn Sandbox>,
     capture: TemplateCapture,
-    scratch: String,
 ) -> Option<Captured> {
-    loop {
-        match client.ping(pvisor_proto::agent::Empty {}).await {
-            Ok(_) => break,
-            Err(s) if lost_connection(&s) => tokio::time::sleep(Duration::from_millis(50)).await,
-            Err(s) => {
-                tracing::warn!("template capture: the agent: {}", s.message());
-                return None;
-            }
-        }
+    let pinged = until_connected(|| {
+        let mut c = client.clone();
+        async move { c.ping(pvisor_proto::agent::Empty {}).await }
+    })
+    .await;
+    if let Err(s) = pinged {
+        tracing::warn!("template capture: the agent: {}", s.message());
+        return None;
     }
-    match tokio::task::spawn_blocking(move || save(sb.as_ref(), &capture, &scratch)).await {
-        Ok(Ok(c)) => Some(c),
+    let files = SnapshotFiles {
+        state: capture.state_file.into(),
+        memory: capture.memory_file.into(),
+        scratch: capture.scratch_file.into(),
+    };
+    let saved = tokio::task::spawn_blocking(move || sb.snapshot(&files));
+    match saved.await {
+        Ok(Ok(t)) => Some(Captured { cmdline: t.cmdline, stopped: t.stopped }),
         Ok(Err(e)) => {
             tracing::warn!("template capture: {e}");
             None
@@ -48,19 +50,4 @@ pub async fn capture(
             None
         }
     }
-}
-
-fn save(sb: &dyn Sandbox, capture: &TemplateCapture, scratch: &str) -> Result<Captured> {
-    let t = Instant::now();
-    let taken = sb.snapshot(Path::new(&capture.state_file));
-    // The vCPUs were stopped (also after most failures): the disk is as the guest left it.
-    let copied = match &taken {
-        Ok(_) => crate::ns::disk::copy_sparse(Path::new(scratch), Path::new(&capture.scratch_file)),
-        Err(_) => Ok(()),
-    };
-    let resumed = sb.resume();
-    let taken = taken?;
-    copied?;
-    resumed.map_err(|e| WorkerError::Snapshot(format!("resuming after the capture: {e}")))?;
-    Ok(Captured { cmdline: taken.cmdline, stopped: t.elapsed() })
 }

@@ -6,27 +6,37 @@
 //! one device thread; each vCPU runs on a thread of its own. vCPU threads
 //! install the `vcpu` filter before their first `KVM_RUN`; the device thread
 //! runs the `vmm_device` filter.
+//!
+//! **Snapshots** ([`Sandbox::snapshot`]): the VMM's own
+//! ([`pvisor_vmm::snapshot`]): the vCPUs are paused, the state file and the
+//! memory file (guest RAM, sparse) written, and the scratch disk copied while
+//! the device thread is still kept out of the devices, then the vCPUs run on.
+//! A restore ([`VmConfig::restore`]) builds the VM from the snapshot with the
+//! memory file mapped privately (clones of one template share its untouched
+//! pages through the page cache) and fresh device models in the same order:
+//! the image and scratch disks (a copy of the snapshot's), vsock (which resets
+//! the guest's transport, so the agent's port is connected again) and, with a
+//! network, virtio-net on the clone's own link.
 use super::cmdline::{cmdline, AGENT_PORT};
 use super::console::{Console, FILE_CAP, MEMORY_CAP};
 use super::disks;
 use super::net;
-use crate::backend::{Sandbox, SandboxExit};
+use crate::backend::{Sandbox, SandboxExit, SnapshotFiles, SnapshotTaken};
 use crate::config::VmConfig;
 use crate::error::{Result, WorkerError};
-use pvisor_vmm::devices::virtio::block::Block;
+use pvisor_vmm::devices::virtio::block::{Block, BlockBackend};
 use pvisor_vmm::devices::virtio::event_loop::EventLoop;
 use pvisor_vmm::devices::virtio::mmio::MmioTransport;
 use pvisor_vmm::devices::virtio::vsock::{Vsock, VsockHandle};
 use pvisor_vmm::devices::virtio::VirtioDevice;
-use pvisor_vmm::{IoEventFd, VmBuilder, VmExit, VmHandle};
+use pvisor_vmm::snapshot::{SnapshotPaths, Snapshotter};
+use pvisor_vmm::{Vm, VmBuilder, VmExit, VmHandle};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use vm_memory::GuestMemoryAtomic;
-
-/// Offset of QueueNotify in a virtio-mmio window.
-const QUEUE_NOTIFY: u64 = 0x50;
 
 pub struct KvmSandbox {
     handle: VmHandle,
@@ -34,33 +44,99 @@ pub struct KvmSandbox {
     console: Console,
     exit: Arc<(Mutex<Option<VmExit>>, Condvar)>,
     boot_deadline: Instant,
+    /// Takes the VM's snapshots, or why it cannot.
+    snapshotter: std::result::Result<Snapshotter, String>,
+    /// The scratch disk's file (a snapshot copies it).
+    scratch: PathBuf,
+    /// The guest kernel command line (a restore's is its source's).
+    cmdline: String,
 }
 
 fn vmm_err(what: &'static str) -> impl Fn(pvisor_vmm::vm::Error) -> WorkerError {
     move |e| WorkerError::Start(format!("{what}: {e}"))
 }
 
-fn add_virtio(b: &mut VmBuilder, events: &mut EventLoop, device: Box<dyn VirtioDevice>) -> Result<()> {
-    let mem = GuestMemoryAtomic::new(b.memory().clone());
-    let transport = MmioTransport::new(device, mem).map_err(|e| WorkerError::Start(format!("virtio-mmio: {e}")))?;
-    events.add(&transport).map_err(|e| WorkerError::Start(format!("device loop: {e}")))?;
-    let ioevents = transport
-        .queue_evts()
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            let fd = e.try_clone().map_err(|e| WorkerError::sys("eventfd", e))?;
-            Ok(IoEventFd { addr: QUEUE_NOTIFY, datamatch: Some(i as u32), fd })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let irq = transport.interrupt().irq_fd().try_clone().map_err(|e| WorkerError::sys("eventfd", e))?;
-    b.add_virtio_mmio_device(Arc::new(Mutex::new(transport)), ioevents, &irq).map_err(vmm_err("virtio-mmio slot"))?;
-    Ok(())
+fn loop_err(e: impl std::fmt::Display) -> WorkerError {
+    WorkerError::Start(format!("device loop: {e}"))
+}
+
+/// The sandbox's virtio devices, in the order the guest finds them (a restore's must be its
+/// source's): the image disk (vda), the scratch disk (vdb), vsock and, with a network, net.
+fn devices(
+    vm: &VmConfig,
+    root: Arc<dyn BlockBackend>,
+    net_end: Option<OwnedFd>,
+) -> Result<(Vec<Box<dyn VirtioDevice>>, VsockHandle)> {
+    let vsock = Vsock::new(u64::from(vm.guest_cid), None).map_err(|e| WorkerError::Start(format!("vsock: {e}")))?;
+    let handle = vsock.handle();
+    let mut devices: Vec<Box<dyn VirtioDevice>> = vec![
+        Box::new(Block::new(root, disks::ROOT_ID)),
+        Box::new(Block::new(disks::open_scratch(&vm.scratch_disk)?, disks::SCRATCH_ID)),
+        Box::new(vsock),
+    ];
+    if let Some(end) = net_end {
+        devices.push(Box::new(net::device(end)?));
+    }
+    Ok((devices, handle))
+}
+
+/// A new VM booting the guest kernel with `devices`.
+fn boot(
+    vm: &VmConfig,
+    config: pvisor_vmm::VmConfig,
+    hostname: &str,
+    devices: Vec<Box<dyn VirtioDevice>>,
+    events: &mut EventLoop,
+) -> Result<(Vm, String)> {
+    // virtio device id 1: net.
+    let has_net = devices.iter().any(|d| d.device_type() == 1);
+    let mut b = VmBuilder::new(config).map_err(vmm_err("vm"))?;
+    for device in devices {
+        let mem = GuestMemoryAtomic::new(b.memory().clone());
+        let transport = MmioTransport::new(device, mem).map_err(|e| WorkerError::Start(format!("virtio-mmio: {e}")))?;
+        events.add(&transport).map_err(loop_err)?;
+        b.add_virtio_transport(transport).map_err(vmm_err("virtio-mmio slot"))?;
+    }
+    let open = |p: &str| std::fs::File::open(p).map_err(|e| WorkerError::sys(format!("open {p}"), e));
+    let (mut kernel, mut initramfs) = (open(&vm.kernel)?, open(&vm.initramfs)?);
+    let line = cmdline(vm, hostname, has_net);
+    b.load_pvh(&mut kernel, &line, Some(&mut initramfs)).map_err(vmm_err("boot"))?;
+    Ok((b.build().map_err(vmm_err("vcpus"))?, line))
+}
+
+/// A VM restored from the snapshot `restore` names, with `devices` in its source's order.
+fn restore(
+    restore: &pvisor_proto::worker::VmRestore,
+    config: pvisor_vmm::VmConfig,
+    devices: Vec<Box<dyn VirtioDevice>>,
+    events: &mut EventLoop,
+) -> Result<(Vm, String)> {
+    if restore.memory_file.is_empty() {
+        return Err(WorkerError::Config("vm restore: this engine needs the snapshot's memory file".into()));
+    }
+    let paths = SnapshotPaths { state: restore.state_file.clone().into(), memory: restore.memory_file.clone().into() };
+    let (machine, transports) = pvisor_vmm::snapshot::restore_with_devices(&paths, config, devices)
+        .map_err(|e| WorkerError::Start(format!("restoring {}: {e}", paths.state.display())))?;
+    for t in &transports {
+        events.add(&t.lock().unwrap_or_else(|p| p.into_inner())).map_err(loop_err)?;
+    }
+    Ok((machine, restore.cmdline.clone()))
 }
 
 /// `net_end`: the device's end of the network link, when the sandbox has one.
 pub fn start(vm: &VmConfig, hostname: &str, boot_timeout: Duration, net_end: Option<OwnedFd>) -> Result<KvmSandbox> {
     let root_disk = vm.root_disk.as_ref().ok_or_else(|| WorkerError::Config("vm: root_disk missing".into()))?;
+    start_with_root(vm, disks::open_root(root_disk)?, hostname, boot_timeout, net_end)
+}
+
+/// [`start`] with the image disk's backend opened (tests give their own).
+fn start_with_root(
+    vm: &VmConfig,
+    root: Arc<dyn BlockBackend>,
+    hostname: &str,
+    boot_timeout: Duration,
+    net_end: Option<OwnedFd>,
+) -> Result<KvmSandbox> {
     let console_file = std::fs::File::create(&vm.console_log)
         .map_err(|e| WorkerError::sys(format!("console {}", vm.console_log), e))?;
     let config = pvisor_vmm::VmConfig {
@@ -72,24 +148,15 @@ pub fn start(vm: &VmConfig, hostname: &str, boot_timeout: Duration, net_end: Opt
         mergeable: vm.memory_merge,
         ..Default::default()
     };
-    let mut b = VmBuilder::new(config).map_err(vmm_err("vm"))?;
-    let mut events = EventLoop::new().map_err(|e| WorkerError::Start(format!("device loop: {e}")))?;
-    // The image first, then the scratch disk: vda and vdb in the guest.
-    add_virtio(&mut b, &mut events, Box::new(Block::new(disks::open_root(root_disk)?, disks::ROOT_ID)))?;
-    add_virtio(&mut b, &mut events, Box::new(Block::new(disks::open_scratch(&vm.scratch_disk)?, disks::SCRATCH_ID)))?;
-    let vsock = Vsock::new(u64::from(vm.guest_cid), None).map_err(|e| WorkerError::Start(format!("vsock: {e}")))?;
-    let vsock_handle = vsock.handle();
-    add_virtio(&mut b, &mut events, Box::new(vsock))?;
-    let has_net = net_end.is_some();
-    if let Some(end) = net_end {
-        add_virtio(&mut b, &mut events, Box::new(net::device(end)?))?;
-    }
-    let open = |p: &str| std::fs::File::open(p).map_err(|e| WorkerError::sys(format!("open {p}"), e));
-    let (mut kernel, mut initramfs) = (open(&vm.kernel)?, open(&vm.initramfs)?);
-    b.load_pvh(&mut kernel, &cmdline(vm, hostname, has_net), Some(&mut initramfs)).map_err(vmm_err("boot"))?;
-    let console = Console::from_shared(b.console());
-    let machine = b.build().map_err(vmm_err("vcpus"))?;
+    let mut events = EventLoop::new().map_err(loop_err)?;
+    let (devices, vsock_handle) = devices(vm, root, net_end)?;
+    let (machine, cmdline) = match &vm.restore {
+        Some(r) => restore(r, config, devices, &mut events)?,
+        None => boot(vm, config, hostname, devices, &mut events)?,
+    };
+    let console = Console::from_shared(machine.console());
     let handle = machine.handle();
+    let snapshotter = machine.snapshotter().map_err(|e| e.to_string());
     // The device thread installs the vmm_device filter before its first wait.
     let devices = events.spawn("devices").map_err(|e| WorkerError::Start(format!("device thread: {e}")))?;
     let exit = Arc::new((Mutex::new(None), Condvar::new()));
@@ -112,7 +179,16 @@ pub fn start(vm: &VmConfig, hostname: &str, boot_timeout: Duration, net_end: Opt
             done.1.notify_all();
         })
         .map_err(|e| WorkerError::sys("vm thread", e))?;
-    Ok(KvmSandbox { handle, vsock: vsock_handle, console, exit, boot_deadline: Instant::now() + boot_timeout })
+    Ok(KvmSandbox {
+        handle,
+        vsock: vsock_handle,
+        console,
+        exit,
+        boot_deadline: Instant::now() + boot_timeout,
+        snapshotter,
+        scratch: PathBuf::from(&vm.scratch_disk),
+        cmdline,
+    })
 }
 
 impl Sandbox for KvmSandbox {
@@ -160,4 +236,23 @@ impl Sandbox for KvmSandbox {
     fn console_tail(&self) -> String {
         self.console.tail()
     }
+
+    fn snapshot(&self, files: &SnapshotFiles) -> Result<SnapshotTaken> {
+        let snapshotter = self.snapshotter.as_ref().map_err(|e| WorkerError::Unsupported(e.clone()))?;
+        let paths = SnapshotPaths { state: files.state.clone(), memory: files.memory.clone() };
+        let t = Instant::now();
+        let info = snapshotter
+            .snapshot_with(&paths, || {
+                crate::ns::disk::copy_sparse(&self.scratch, &files.scratch).map_err(std::io::Error::other)
+            })
+            .map_err(|e| WorkerError::Snapshot(e.to_string()))?;
+        if !info.missing.is_empty() {
+            tracing::warn!(missing = ?info.missing, "snapshot: state KVM did not give");
+        }
+        Ok(SnapshotTaken { cmdline: self.cmdline.clone(), state_bytes: info.state_bytes, stopped: t.elapsed() })
+    }
 }
+
+#[cfg(test)]
+#[path = "kvm_tests.rs"]
+mod tests;

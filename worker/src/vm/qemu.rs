@@ -13,9 +13,8 @@
 //! **Snapshots** ([`Sandbox::snapshot`]): the worker drives QEMU over QMP
 //! ([`super::qmp`], a socket beside the others): `stop` (vCPUs stop, QEMU
 //! stops the vhost-user devices, so the back-ends are idle), then `migrate`
-//! to a file: the machine's state with guest RAM. The vCPUs stay stopped
-//! until `resume` (`cont`), so the broker copies the scratch disk as the
-//! guest left it. A restore ([`VmConfig::restore`]) starts QEMU with the
+//! to a file: the machine's state with guest RAM; the scratch disk is copied
+//! while the vCPUs are still stopped, as the guest left it; then `cont`. A restore ([`VmConfig::restore`]) starts QEMU with the
 //! same devices and kernel command line and `-incoming file:…`; QEMU loads
 //! the state (and stays paused, as the source was when it was saved) and the
 //! worker's `cont` runs it on. It needs a QEMU whose vhost-user-vsock device
@@ -28,7 +27,7 @@ use super::console::Console;
 use super::disks;
 use super::net;
 use super::qmp::Qmp;
-use crate::backend::{Sandbox, SandboxExit, SnapshotTaken};
+use crate::backend::{Sandbox, SandboxExit, SnapshotFiles, SnapshotTaken};
 use crate::config::VmConfig;
 use crate::error::{Result, WorkerError};
 use nix::sys::signal::{kill, Signal};
@@ -59,10 +58,11 @@ pub struct QemuSandbox {
     boot_deadline: Instant,
     /// The guest kernel command line (a restore's is its source's).
     cmdline: String,
+    /// The scratch disk's file (a snapshot copies it).
+    scratch: PathBuf,
     qmp_path: PathBuf,
-    /// The QMP connection (QEMU serves one client), once a snapshot opened
-    /// it; and whether a snapshot left the vCPUs stopped.
-    qmp: Mutex<(Option<Qmp>, bool)>,
+    /// The QMP connection (QEMU serves one client), once a snapshot or a restore opened it.
+    qmp: Mutex<Option<Qmp>>,
 }
 
 fn socket_path(dir: &Path, name: &str) -> Result<PathBuf> {
@@ -198,8 +198,9 @@ pub fn start(
         console,
         boot_deadline: Instant::now() + boot_timeout,
         cmdline,
+        scratch: PathBuf::from(&vm.scratch_disk),
         qmp_path,
-        qmp: Mutex::new((qmp, false)),
+        qmp: Mutex::new(qmp),
     })
 }
 
@@ -209,14 +210,13 @@ fn qmp_err(e: super::qmp::QmpError) -> WorkerError {
 
 impl QemuSandbox {
     /// Runs `f` on the QMP connection (made on first use).
-    fn with_qmp<T>(&self, f: impl FnOnce(&mut Qmp, &mut bool) -> Result<T>) -> Result<T> {
-        let mut g = self.qmp.lock().unwrap_or_else(PoisonError::into_inner);
-        let (conn, stopped) = &mut *g;
+    fn with_qmp<T>(&self, f: impl FnOnce(&mut Qmp) -> Result<T>) -> Result<T> {
+        let mut conn = self.qmp.lock().unwrap_or_else(PoisonError::into_inner);
         if conn.is_none() {
             *conn = Some(Qmp::connect(&self.qmp_path, QMP_TIMEOUT).map_err(qmp_err)?);
         }
         let q = conn.as_mut().expect("connected above");
-        let r = f(q, stopped);
+        let r = f(q);
         if r.is_err() {
             // A broken connection is made again next time.
             *conn = None;
@@ -248,27 +248,27 @@ impl Sandbox for QemuSandbox {
     }
 
     fn resume(&self) -> Result<()> {
-        kill(Pid::from_raw(self.pid), Signal::SIGCONT).map_err(|e| WorkerError::sys("resume", e))?;
-        let stopped = self.qmp.lock().unwrap_or_else(PoisonError::into_inner).1;
-        if stopped {
-            self.with_qmp(|q, stopped| {
-                q.execute("cont", None).map_err(qmp_err)?;
-                *stopped = false;
-                Ok(())
-            })?;
-        }
-        Ok(())
+        kill(Pid::from_raw(self.pid), Signal::SIGCONT).map_err(|e| WorkerError::sys("resume", e))
     }
 
-    fn snapshot(&self, state_path: &Path) -> Result<SnapshotTaken> {
-        let uri = format!("file:{}", state_path.display());
-        self.with_qmp(|q, stopped| {
+    /// QEMU's migration stream holds guest RAM: `files.memory` is not made.
+    fn snapshot(&self, files: &SnapshotFiles) -> Result<SnapshotTaken> {
+        let uri = format!("file:{}", files.state.display());
+        self.with_qmp(|q| {
             let t = Instant::now();
             q.execute("stop", None).map_err(qmp_err)?;
-            *stopped = true;
-            q.execute("migrate", Some(serde_json::json!({ "uri": uri }))).map_err(qmp_err)?;
-            q.wait_migration(MIGRATE_TIMEOUT).map_err(qmp_err)?;
-            let state_bytes = std::fs::metadata(state_path).map_err(|e| WorkerError::sys("snapshot state", e))?.len();
+            let saved = (|| {
+                q.execute("migrate", Some(serde_json::json!({ "uri": uri }))).map_err(qmp_err)?;
+                q.wait_migration(MIGRATE_TIMEOUT).map_err(qmp_err)?;
+                let bytes = std::fs::metadata(&files.state).map_err(|e| WorkerError::sys("snapshot state", e))?.len();
+                // The vCPUs are stopped and QEMU has stopped the back-ends: the disk is as the guest left it.
+                crate::ns::disk::copy_sparse(&self.scratch, &files.scratch)?;
+                Ok(bytes)
+            })();
+            // Run on whatever the save did.
+            let resumed = q.execute("cont", None).map_err(qmp_err);
+            let state_bytes = saved?;
+            resumed?;
             Ok(SnapshotTaken { cmdline: self.cmdline.clone(), state_bytes, stopped: t.elapsed() })
         })
     }

@@ -129,6 +129,9 @@ pub struct TemplateKey {
     pub kernel: FileIdentity,
     /// The agent's initramfs.
     pub initramfs: FileIdentity,
+    /// The engine that took it (`kvm`, `qemu-tcg`): one engine's snapshot is not another's.
+    #[serde(default)]
+    pub engine: String,
     /// The image's id in the pool.
     pub image_id: String,
     /// The shape.
@@ -137,10 +140,11 @@ pub struct TemplateKey {
 
 impl TemplateKey {
     /// The key of a template for these inputs.
-    pub fn new(kernel: &Path, initramfs: &Path, image_id: &str, shape: Shape) -> Result<Self, Error> {
+    pub fn new(kernel: &Path, initramfs: &Path, engine: &str, image_id: &str, shape: Shape) -> Result<Self, Error> {
         Ok(TemplateKey {
             kernel: FileIdentity::of(kernel)?,
             initramfs: FileIdentity::of(initramfs)?,
+            engine: engine.to_owned(),
             image_id: image_id.to_owned(),
             shape,
         })
@@ -369,7 +373,7 @@ mod tests {
     impl Fixture {
         fn key(&self, image: &str, shape: Shape) -> TemplateKey {
             let p = self.dir.path();
-            TemplateKey::new(&p.join("vmlinux"), &p.join("initramfs"), image, shape).unwrap()
+            TemplateKey::new(&p.join("vmlinux"), &p.join("initramfs"), "kvm", image, shape).unwrap()
         }
 
         fn make(&self, key: &TemplateKey) -> Template {
@@ -394,6 +398,10 @@ mod tests {
         let bigger = Shape { memory_mib: 512, ..shape() };
         assert_eq!(f.store.get(&f.key("sha256:aaa", bigger)).unwrap(), None, "another shape");
         assert_ne!(key.key(), f.key("sha256:aaa", Shape { net: false, ..shape() }).key());
+        let p = f.dir.path();
+        let other_engine =
+            TemplateKey::new(&p.join("vmlinux"), &p.join("initramfs"), "qemu-tcg", "sha256:aaa", shape()).unwrap();
+        assert_eq!(f.store.get(&other_engine).unwrap(), None, "another engine's snapshot is not this one's");
     }
 
     #[test]
