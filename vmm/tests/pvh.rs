@@ -18,7 +18,7 @@ fn pvh_kernel() -> std::fs::File {
     std::fs::create_dir_all(&out).unwrap();
     let (obj, elf) = (out.join("pvh.o"), out.join("pvh.elf"));
     for cmd in [
-        Command::new("as").args(["--64", "-o"]).arg(&obj).arg(dir.join("pvh.S")).output(),
+        Command::new("as").arg("--64").arg("-I").arg(&dir).arg("-o").arg(&obj).arg(dir.join("pvh.S")).output(),
         Command::new("ld").arg("-T").arg(dir.join("pvh.ld")).arg("-o").arg(&elf).arg(&obj).output(),
     ] {
         let cmd = cmd.expect("binutils is expected on these hosts");

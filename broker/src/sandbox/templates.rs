@@ -146,3 +146,66 @@ impl Templates {
         self.store.remove(key);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pvisor_proto::worker::VmEngine;
+    use pvisor_worker::vm::template::Shape;
+
+    fn shape() -> Shape {
+        Shape { vcpus: 1, memory_mib: 256, net: false, cmdline_extra: String::new(), disk_bytes: 0 }
+    }
+
+    /// The worker's part of a capture: its files where the request says (`memory`: the own
+    /// VMM writes guest RAM apart, QEMU does not).
+    fn captured(cap: &Capture, memory: bool) {
+        let r = &cap.request;
+        for f in [&r.state_file, &r.scratch_file] {
+            std::fs::write(f, b"x").unwrap();
+        }
+        if memory {
+            std::fs::write(&r.memory_file, b"ram").unwrap();
+        }
+    }
+
+    #[test]
+    fn an_own_vmm_capture_becomes_a_template_whose_clones_get_its_memory_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let kvm = VmAssets::for_tests(dir.path(), VmEngine::Kvm);
+        let t = Templates::open(dir.path()).unwrap();
+        let Plan::Capture(cap) = t.plan(&kvm, "sha256:aaa", shape(), "sb1") else {
+            panic!("the first create captures")
+        };
+        assert!(matches!(t.plan(&kvm, "sha256:aaa", shape(), "sb2"), Plan::None), "one capture per key at a time");
+        captured(&cap, true);
+        t.finish(cap, "console=ttyS0", 1_000);
+        let Plan::Clone { files, .. } = t.plan(&kvm, "sha256:aaa", shape(), "sb3") else {
+            panic!("later creates clone")
+        };
+        assert_eq!(files.cmdline, "console=ttyS0");
+        let memory = files.memory.expect("the template keeps the memory file");
+        assert_eq!(std::fs::read(memory).unwrap(), b"ram");
+        assert!(files.state.is_file() && files.scratch.is_file());
+        // A server under the other engine does not take this engine's template.
+        let qemu = VmAssets::for_tests(dir.path(), VmEngine::QemuTcg);
+        assert!(matches!(t.plan(&qemu, "sha256:aaa", shape(), "sb4"), Plan::Capture(_)));
+    }
+
+    #[test]
+    fn a_qemu_capture_has_no_memory_file_and_a_failed_one_makes_no_template() {
+        let dir = tempfile::tempdir().unwrap();
+        let qemu = VmAssets::for_tests(dir.path(), VmEngine::QemuTcg);
+        let t = Templates::open(dir.path()).unwrap();
+        let Plan::Capture(cap) = t.plan(&qemu, "sha256:aaa", shape(), "sb1") else { panic!("captures") };
+        let capture_dir = cap.dir.clone();
+        // The worker captured nothing (an empty command line): no template, the next create tries again.
+        t.finish(cap, "", 0);
+        assert!(!capture_dir.exists(), "the capture's directory is removed");
+        let Plan::Capture(cap) = t.plan(&qemu, "sha256:aaa", shape(), "sb2") else { panic!("captures again") };
+        captured(&cap, false);
+        t.finish(cap, "console=ttyS0", 1_000);
+        let Plan::Clone { files, .. } = t.plan(&qemu, "sha256:aaa", shape(), "sb3") else { panic!("clones") };
+        assert_eq!(files.memory, None, "QEMU's state holds guest RAM");
+    }
+}

@@ -92,6 +92,18 @@ impl VmAssets {
         Ok(assets)
     }
 
+    /// Assets over a stand-in kernel and initramfs in `dir` (made if missing), for tests.
+    #[cfg(test)]
+    pub fn for_tests(dir: &Path, engine: VmEngine) -> VmAssets {
+        let (kernel, initramfs) = (dir.join("vmlinux"), dir.join("initramfs.cpio"));
+        for f in [&kernel, &initramfs] {
+            if !f.exists() {
+                std::fs::write(f, b"stand-in").unwrap();
+            }
+        }
+        VmAssets { kernel, initramfs, identity: "test".into(), dir: dir.to_path_buf(), engine }
+    }
+
     /// The empty ext4 of a scratch disk of `bytes` ([`SCRATCH_BYTES`] for
     /// 0), made now if no earlier create made it.
     fn scratch_template(&self, bytes: u64) -> Result<PathBuf, String> {

@@ -1,17 +1,8 @@
 /* A PVH "kernel": entered in 32-bit protected mode with ebx = &hvm_start_info. Checks the
    start info's magic, prints the command line and the first memory map entry's type to COM1,
    and exits 0x20 (0x2e if ebx or the magic is wrong). */
-.intel_syntax noprefix
-.set COM1, 0x3f8
+.include "pvh_note.inc"
 .set DEBUG_EXIT, 0x501
-
-.section .note.Xen, "a", @note
-    .balign 4
-    .long 4             /* namesz */
-    .long 4             /* descsz */
-    .long 18            /* XEN_ELFNOTE_PHYS32_ENTRY */
-    .asciz "Xen"
-    .long pvh_start
 
 .section .text
 .code32

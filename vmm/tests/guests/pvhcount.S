@@ -2,18 +2,9 @@
    32-bit protected mode, it prints "pvhcount\n", then "n XXXXXXXX\n" for n = 1, 2, 3, ...
    forever (8 hex digits, a short delay between lines). The count lives in ebp, so a restored
    clone prints the successor of the last count its source printed before the snapshot. */
-.intel_syntax noprefix
-.set COM1, 0x3f8
+.include "pvh_note.inc"
 .set STACK, 0x1ff000
 .set DELAY, 20000
-
-.section .note.Xen, "a", @note
-    .balign 4
-    .long 4             /* namesz */
-    .long 4             /* descsz */
-    .long 18            /* XEN_ELFNOTE_PHYS32_ENTRY */
-    .asciz "Xen"
-    .long pvh_start
 
 .section .text
 .code32

@@ -16,7 +16,7 @@ fn guest(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vmm/tests/guests");
     let (obj, elf) = (dir.join("pvhcount.o"), dir.join("pvhcount.elf"));
     let steps = [
-        Command::new("as").args(["--64", "-o"]).arg(&obj).arg(src.join("pvhcount.S")).output(),
+        Command::new("as").arg("--64").arg("-I").arg(&src).arg("-o").arg(&obj).arg(src.join("pvhcount.S")).output(),
         Command::new("ld").arg("-T").arg(src.join("pvh.ld")).arg("-o").arg(&elf).arg(&obj).output(),
     ];
     for out in steps {
