@@ -234,22 +234,22 @@ impl HostKsm {
 mod tests {
     use super::*;
 
-    fn fake_sysfs(tag: &str, run: u64) -> (PathBuf, PathBuf) {
-        let base = std::env::temp_dir().join(format!("pvisor-ksm-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
-        let (dir, run_dir) = (base.join("ksm"), base.join("run"));
+    /// A stand-in for `/sys/kernel/mm/ksm` and a run dir, removed with the returned guard.
+    fn fake_sysfs(run: u64) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let base = tempfile::tempdir().unwrap();
+        let (dir, run_dir) = (base.path().join("ksm"), base.path().join("run"));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::create_dir_all(&run_dir).unwrap();
         for (f, v) in [("run", run), ("pages_to_scan", 100), ("sleep_millisecs", 20), ("pages_sharing", 7)] {
             std::fs::write(dir.join(f), format!("{v}\n")).unwrap();
         }
         std::fs::write(dir.join("general_profit"), "-5\n").unwrap();
-        (dir, run_dir)
+        (base, dir, run_dir)
     }
 
     #[test]
     fn start_sets_ours_and_restore_puts_the_host_back() {
-        let (dir, run_dir) = fake_sysfs("restore", 0);
+        let (_base, dir, run_dir) = fake_sysfs(0);
         let k = HostKsm::start(&dir, &run_dir).unwrap();
         assert_eq!(k.control, Control::Pvisor);
         assert_eq!(read_settings(&dir).unwrap(), OURS);
@@ -267,7 +267,7 @@ mod tests {
 
     #[test]
     fn no_ksm_is_an_error() {
-        let (dir, run_dir) = fake_sysfs("missing", 0);
+        let (_base, dir, run_dir) = fake_sysfs(0);
         std::fs::remove_file(dir.join("run")).unwrap();
         assert!(matches!(HostKsm::start(&dir, &run_dir), Err(KsmError::Missing(_))));
     }
