@@ -165,11 +165,10 @@ async fn run_vm(ctx: &Arc<Ctx>, sb: &Arc<SandboxEntry>, rec: &SnapshotRecord) ->
         .into_inner();
     // On disk before the record says Ready, as snapshot records are.
     tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        for f in [&state, &scratch, &memory, &dir] {
-            // The memory file is the project's VMM's only (QEMU's state holds guest RAM).
-            if f != &memory || memory.exists() {
-                std::fs::File::open(f)?.sync_all()?;
-            }
+        // The memory file is the project's VMM's only (QEMU's state holds guest RAM).
+        let memory = memory.exists().then_some(memory);
+        for f in [Some(&state), Some(&scratch), memory.as_ref(), Some(&dir)].into_iter().flatten() {
+            std::fs::File::open(f)?.sync_all()?;
         }
         Ok(())
     })

@@ -5,25 +5,18 @@
 //! files into a template once the create is Ready. A capture that fails is logged and the
 //! create goes on: a template is an optimisation.
 use crate::agent_link::until_connected;
-use crate::backend::{Sandbox, SnapshotFiles};
+use crate::backend::{Sandbox, SnapshotFiles, SnapshotTaken};
 use crate::config::TemplateCapture;
 use pvisor_proto::agent::agent_client::AgentClient;
 use std::sync::Arc;
-use std::time::Duration;
 use tonic::transport::Channel;
-
-/// A captured template: the guest's kernel command line and how long the vCPUs were stopped.
-pub struct Captured {
-    pub cmdline: String,
-    pub stopped: Duration,
-}
 
 /// Waits for the agent's first answer, then captures (see the module). None if it failed.
 pub async fn capture(
     client: &mut AgentClient<Channel>,
     sb: Arc<dyn Sandbox>,
     capture: TemplateCapture,
-) -> Option<Captured> {
+) -> Option<SnapshotTaken> {
     let pinged = until_connected(|| {
         let mut c = client.clone();
         async move { c.ping(pvisor_proto::agent::Empty {}).await }
@@ -40,7 +33,7 @@ pub async fn capture(
     };
     let saved = tokio::task::spawn_blocking(move || sb.snapshot(&files));
     match saved.await {
-        Ok(Ok(t)) => Some(Captured { cmdline: t.cmdline, stopped: t.stopped }),
+        Ok(Ok(t)) => Some(t),
         Ok(Err(e)) => {
             tracing::warn!("template capture: {e}");
             None
