@@ -3,20 +3,31 @@
 # options in guest/kernel.options (applied on top of `make tinyconfig`), checks
 # that every option took and that vmlinux has a PVH entry note, and caches it
 # at OUTDIR/<key>/vmlinux (OUTDIR defaults to $PVISOR_CACHE/guest), where key
-# hashes the source package version and the options file. A cached rerun is
+# hashes the source package version and the options files. A cached rerun is
 # instant. Progress goes to stderr; the last line on stdout is the path.
 #
-# The untarred source tree is kept under OUTDIR/build (about 1.6 GB), one per
-# source version, so a change to the options recompiles only the files that
-# depend on the options changed (for a widely used option, most of them).
-# Delete that directory to reclaim the space; the cached kernels stay valid.
+# --kvm-host builds the test hosts' kernel instead: the same options plus
+# guest/kvm-host.options (KVM, 9p, KSM, veth), for scripts/kvm-host.sh and
+# tests/cgroupv2. Sandboxes never boot it.
 #
-# Usage: scripts/guest-kernel.sh [OUTDIR]
+# The untarred source tree is kept under OUTDIR/build (about 1.6 GB), one per
+# source version, with one object tree per flavour beside it (O=), so a change
+# to the options recompiles only the files that depend on the options changed
+# (for a widely used option, most of them). Delete that directory to reclaim
+# the space; the cached kernels stay valid.
+#
+# Usage: scripts/guest-kernel.sh [--kvm-host] [OUTDIR]
 set -euo pipefail
 
 # REPO, PVISOR_CACHE, log and install_missing.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-OPTIONS=$REPO/guest/kernel.options
+FLAVOUR=guest
+OPTION_FILES=("$REPO/guest/kernel.options")
+if [ "${1:-}" = --kvm-host ]; then
+    FLAVOUR=kvm-host
+    OPTION_FILES+=("$REPO/guest/kvm-host.options")
+    shift
+fi
 OUTDIR=${1:-$PVISOR_CACHE/guest}
 SRC_PKG=linux-source-6.1
 SRC_TAR=/usr/src/$SRC_PKG.tar.xz
@@ -40,7 +51,7 @@ check_options() {
             name=${BASH_REMATCH[1]}
             if grep -qE "^$name=" "$config"; then bad+=("$line (got: $(grep -E "^$name=" "$config"))"); fi
         fi
-    done <"$OPTIONS"
+    done < <(cat "${OPTION_FILES[@]}")
     if ((${#bad[@]})); then
         printf 'guest-kernel: these options did not take:\n' >&2
         printf '  %s\n' "${bad[@]}" >&2
@@ -55,12 +66,12 @@ check_pvh_note() {
 }
 
 ensure_build_packages
-[ -f "$OPTIONS" ] || die "$OPTIONS missing"
+for f in "${OPTION_FILES[@]}"; do [ -f "$f" ] || die "$f missing"; done
 VERSION=$(dpkg-query -W -f='${Version}' "$SRC_PKG")
-KEY=$( { printf '%s %s\n' "$SRC_PKG" "$VERSION"; cat "$OPTIONS"; } | sha256sum | cut -c1-16)
+KEY=$( { printf '%s %s\n' "$SRC_PKG" "$VERSION"; cat "${OPTION_FILES[@]}"; } | sha256sum | cut -c1-16)
 OUT=$OUTDIR/$KEY
 if [ -f "$OUT/vmlinux" ]; then
-    log "guest kernel cached ($SRC_PKG $VERSION, key $KEY)"
+    log "$FLAVOUR kernel cached ($SRC_PKG $VERSION, key $KEY)"
     echo "$OUT/vmlinux"
     exit 0
 fi
@@ -86,25 +97,30 @@ if [ ! -f "$TREE/.pvisor-untarred" ]; then
 fi
 
 cd "$TREE"
-log "configuring (tinyconfig + $(grep -c '^CONFIG_\|^# CONFIG_' "$OPTIONS") options)"
-make -s tinyconfig >/dev/null
-scripts/kconfig/merge_config.sh -m .config "$OPTIONS" >/dev/null
-make -s olddefconfig >&2
-check_options .config || die "fix $OPTIONS (an option may need another one it depends on)"
+# Objects live in one tree per flavour (O=): the source tree must stay clean. Trees built in
+# place by an earlier version of this script are cleaned once.
+[ -f .config ] && { log "cleaning the in-tree build of an earlier layout"; make -s mrproper; }
+OBJ=$OUTDIR/build/obj-$VERSION-$FLAVOUR
+mkdir -p "$OBJ"
+log "configuring $FLAVOUR (tinyconfig + $(cat "${OPTION_FILES[@]}" | grep -c '^CONFIG_\|^# CONFIG_') options)"
+make -s O="$OBJ" tinyconfig >/dev/null
+scripts/kconfig/merge_config.sh -m -O "$OBJ" "$OBJ/.config" "${OPTION_FILES[@]}" >/dev/null
+make -s O="$OBJ" olddefconfig >&2
+check_options "$OBJ/.config" || die "fix ${OPTION_FILES[*]} (an option may need another one it depends on)"
 
-log "building vmlinux (make -j$(nproc); log in $TREE/build.log)"
-if ! make -j"$(nproc)" vmlinux >build.log 2>&1; then
-    tail -n 40 build.log >&2
-    die "kernel build failed (full log: $TREE/build.log)"
+log "building the $FLAVOUR vmlinux (make -j$(nproc); log in $OBJ/build.log)"
+if ! make -j"$(nproc)" O="$OBJ" vmlinux >"$OBJ/build.log" 2>&1; then
+    tail -n 40 "$OBJ/build.log" >&2
+    die "kernel build failed (full log: $OBJ/build.log)"
 fi
-check_pvh_note vmlinux
+check_pvh_note "$OBJ/vmlinux"
 
 rm -rf "$OUT.tmp"
 mkdir -p "$OUT.tmp"
-cp vmlinux "$OUT.tmp/vmlinux"
-cp .config "$OUT.tmp/config"
+cp "$OBJ/vmlinux" "$OUT.tmp/vmlinux"
+cp "$OBJ/.config" "$OUT.tmp/config"
 printf '%s %s\n' "$SRC_PKG" "$VERSION" >"$OUT.tmp/source"
 rm -rf "$OUT"
 mv "$OUT.tmp" "$OUT"
-log "guest kernel built in $(($(date +%s) - start)) s: $(stat -c %s "$OUT/vmlinux") bytes"
+log "$FLAVOUR kernel built in $(($(date +%s) - start)) s: $(stat -c %s "$OUT/vmlinux") bytes"
 echo "$OUT/vmlinux"

@@ -117,6 +117,12 @@ enum Cmd {
         /// default.
         #[arg(long)]
         vm_templates: bool,
+        /// How long a create waits for its sandbox to be ready (worker started, machine
+        /// booted or restored, agent configured) before it fails and is cleaned up. Keep
+        /// it below the clients' request timeout (the SDK's is 30 s by default).
+        #[arg(long, env = "PVISOR_READY_TIMEOUT_SECS", default_value_t = 20,
+              value_parser = clap::value_parser!(u64).range(3..=3600))]
+        ready_timeout_secs: u64,
     },
     /// Show kernel same-page merging: the host's ksmd and each sandbox's merged pages.
     MemoryMerge {
@@ -360,6 +366,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             log_format: _,
             memory_merge,
             vm_templates,
+            ready_timeout_secs,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
             server::serve(server::ServeOptions {
@@ -383,6 +390,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 disk_limit,
                 memory_merge,
                 vm_templates,
+                ready_timeout: std::time::Duration::from_secs(ready_timeout_secs),
             })
             .await?;
         }

@@ -76,6 +76,8 @@ pub struct Ctx {
     pub memory_merge: Option<crate::sandbox::ksm::HostKsm>,
     /// `--vm-templates` (where the vm backend is available).
     pub templates: Option<crate::sandbox::templates::Templates>,
+    /// `--ready-timeout-secs`: how long a create waits for its worker's Ready.
+    pub ready_timeout: std::time::Duration,
 }
 
 impl Ctx {
@@ -122,6 +124,8 @@ pub struct ServeOptions {
     pub memory_merge: bool,
     /// `--vm-templates`.
     pub vm_templates: bool,
+    /// `--ready-timeout-secs`.
+    pub ready_timeout: std::time::Duration,
 }
 
 /// `/var/lib/pvisor` for root, else the user's data directory.
@@ -413,6 +417,7 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         http: o.http,
         memory_merge,
         templates,
+        ready_timeout: o.ready_timeout,
     };
     Ok((ctx, recovery.found))
 }

@@ -407,7 +407,7 @@ def test_server_proxy_mode(proxy_conn):
 
 @pytest.mark.deadline(600)
 def test_vm_backend_smoke(tmp_path_factory):
-    from test_vm_backend import VM_ENV, guest_kernel
+    from vm_util import VM_ENV, guest_kernel
 
     kernel = guest_kernel()  # skips visibly without a guest kernel or QEMU
     srv = _start_server(tmp_path_factory, "vm-code", ["python-3.11-slim.tar"],

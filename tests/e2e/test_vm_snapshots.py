@@ -26,7 +26,8 @@ from opensandbox.exceptions import SandboxApiException
 
 from conftest import SandboxFactory, _make_conn, _start_server
 from e2e_util import BUSYBOX, SMALL, assert_error_json, run, sh, wait_until
-from test_vm_backend import VM_ENV, _require, guest_kernel
+from vm_util import VM_ENV, guest_kernel
+from vm_util import require as _require
 
 SNAPSHOT_TIMEOUT = 300
 # In guest RAM only: /dev is the guest kernel's devtmpfs, on no disk.

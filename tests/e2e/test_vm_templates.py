@@ -17,7 +17,7 @@ import pytest
 
 from conftest import SandboxFactory, _make_conn, _start_server
 from e2e_util import BUSYBOX, run, sh, wait_until
-from test_vm_backend import VM_ENV, guest_kernel
+from vm_util import VM_ENV, guest_kernel
 from test_vm_snapshots import snapshot_qemu
 
 

@@ -28,10 +28,17 @@ pub mod vm;
 /// expected, not a crash.
 pub static SHUTTING_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// How long a worker waits for its agent to answer `Configure`. Below the
+/// How long the broker waits for a worker to report its sandbox ready unless the
+/// configuration says (`WorkerConfig.ready_timeout_ms`, `pvisor serve --ready-timeout-secs`).
+pub const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// How long a worker waits for its agent to answer `Configure`: 2 s below the
 /// broker's ready timeout, so the worker's reason (and the guest's console)
 /// reaches the broker before the broker gives up.
-pub const AGENT_READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(18);
-
-/// How long the broker waits for a worker to report its sandbox ready.
-pub const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+pub fn agent_ready_timeout(cfg: &config::WorkerConfig) -> std::time::Duration {
+    let ready = match cfg.ready_timeout_ms {
+        0 => READY_TIMEOUT,
+        ms => std::time::Duration::from_millis(u64::from(ms)),
+    };
+    ready.saturating_sub(std::time::Duration::from_secs(2)).max(std::time::Duration::from_secs(1))
+}

@@ -13,7 +13,7 @@ use pvisor_worker::launch::{CONFIG_FD, LIFELINE_FD, LISTEN_FD};
 use pvisor_worker::netd::{Netd, NetdError};
 use pvisor_worker::service::{Readiness, WorkerService};
 use pvisor_worker::threads::{filter_of, Thread};
-use pvisor_worker::{agent_link, AGENT_READY_TIMEOUT, SHUTTING_DOWN};
+use pvisor_worker::{agent_link, agent_ready_timeout, SHUTTING_DOWN};
 use std::os::fd::{FromRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -289,9 +289,10 @@ fn main() {
                         Some(config::BackendConfig::Vm(v)) => v.template_capture.clone(),
                         _ => None,
                     };
+                    let ready_timeout = agent_ready_timeout(&cfg);
                     tokio::spawn(async move {
                         // One deadline for connecting (a guest's boot) and configuring.
-                        let deadline = tokio::time::Instant::from_std(t0 + AGENT_READY_TIMEOUT);
+                        let deadline = tokio::time::Instant::from_std(t0 + ready_timeout);
                         let r = tokio::time::timeout_at(deadline, async {
                             let captured = match capture {
                                 Some(c) => pvisor_worker::vm::capture::capture(&mut client, sb.clone(), c).await,
@@ -332,7 +333,7 @@ fn main() {
                             (Ok(Ok(_)), Err(e)) => Readiness::Failed(e),
                             (Ok(Err(e)), _) => Readiness::Failed(format!("configuring the agent: {}", e.message())),
                             (Err(_), _) => Readiness::Failed(with_console(
-                                format!("the agent did not answer within {} s", AGENT_READY_TIMEOUT.as_secs()),
+                                format!("the agent did not answer within {} s", ready_timeout.as_secs()),
                                 sb.as_ref(),
                             )),
                         };

@@ -13,14 +13,14 @@ use pvisor_proto::worker as pb;
 use pvisor_proto::worker::worker_client::WorkerClient;
 use pvisor_worker::config::{BackendConfig, Limits, NsConfig, VmConfig, WorkerConfig};
 use pvisor_worker::expiry::EXPIRED_EXIT_CODE;
-use pvisor_worker::READY_TIMEOUT;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tonic::transport::Channel;
 
-// READY_TIMEOUT: how long a worker may take to report its sandbox ready:
-// below the SDK's 30 s request timeout, so a slow start fails (and is cleaned
-// up) before the client gives up on a create it would never learn the id of.
+// ctx.ready_timeout (`--ready-timeout-secs`, 20 s by default): how long a worker may take to
+// report its sandbox ready: below the SDK's 30 s request timeout, so a slow start fails (and
+// is cleaned up) before the client gives up on a create it would never learn the id of.
 
 pub struct LaunchSpec {
     pub id: String,
@@ -114,11 +114,12 @@ pub async fn launch(
             backend: Some(backend),
             outlive_broker: ctx.durable,
             deadline_unix_ms: spec.expires_at.map(|t| t.timestamp_millis()).unwrap_or(0),
+            ready_timeout_ms: u32::try_from(ctx.ready_timeout.as_millis()).unwrap_or(u32::MAX),
         };
         pvisor_worker::launch::send_config(config, &cfg).map_err(|e| format!("configure worker: {e}"))
     })();
     let ready = match prepared {
-        Ok(()) => wait_ready(&socket).await,
+        Ok(()) => wait_ready(&socket, ctx.ready_timeout).await,
         Err(e) => Err(e),
     };
     super::pool::Pool::refill(ctx.clone());
@@ -169,13 +170,13 @@ pub async fn launch(
     }
 }
 
-async fn wait_ready(socket: &Path) -> Result<(Channel, pvisor_proto::worker::ReadyReply), String> {
+async fn wait_ready(socket: &Path, timeout: Duration) -> Result<(Channel, pvisor_proto::worker::ReadyReply), String> {
     let channel = pvisor_worker::launch::connect_unix(socket).await.map_err(|e| format!("connect to worker: {e}"))?;
     let mut client = WorkerClient::new(channel.clone());
-    match tokio::time::timeout(READY_TIMEOUT, client.ready(pvisor_proto::worker::Empty {})).await {
+    match tokio::time::timeout(timeout, client.ready(pvisor_proto::worker::Empty {})).await {
         Ok(Ok(r)) => Ok((channel, r.into_inner())),
         Ok(Err(s)) => Err(s.message().to_string()),
-        Err(_) => Err(format!("sandbox not ready within {} s", READY_TIMEOUT.as_secs())),
+        Err(_) => Err(format!("sandbox not ready within {} s", timeout.as_secs())),
     }
 }
 

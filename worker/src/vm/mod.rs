@@ -94,7 +94,7 @@ impl Backend for VmBackend {
         if vm.kernel.is_empty() || vm.initramfs.is_empty() || vm.scratch_disk.is_empty() || vm.console_log.is_empty() {
             return Err(WorkerError::Config("vm: kernel, initramfs, scratch_disk and console_log are required".into()));
         }
-        let boot = crate::AGENT_READY_TIMEOUT;
+        let boot = crate::agent_ready_timeout(cfg);
         // With a network: the device's end of the link goes into the VM, the
         // other end to netd.
         let (device_end, net_link) = match &cfg.net {
