@@ -360,7 +360,7 @@ fn template_plan(
                 vcpus: shape.vcpus,
                 memory_mib: shape.memory_mib,
                 net: shape.net,
-                cmdline_extra: String::new(),
+                cmdline_extra: assets.cmdline_extra.clone(),
                 disk_bytes: limits.disk_bytes,
             };
             t.plan(assets, image_id, shape, id)

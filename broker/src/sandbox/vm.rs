@@ -24,7 +24,13 @@ pub struct VmAssets {
     /// Where the scratch templates are (`scratch-<blocks>.ext4`).
     dir: PathBuf,
     pub engine: VmEngine,
+    /// More guest kernel arguments ([`CMDLINE_ENV`]), for diagnosis.
+    pub cmdline_extra: String,
 }
+
+/// Appended to every guest's kernel command line, for diagnosis (e.g. `ignore_loglevel`: the
+/// kernel's messages reach the sandbox's console log, and a failed boot's report).
+pub const CMDLINE_ENV: &str = "PVISOR_GUEST_CMDLINE_EXTRA";
 
 /// The test engine's environment switch (`PVISOR_VM_ENGINE=qemu-tcg`).
 pub const ENGINE_ENV: &str = "PVISOR_VM_ENGINE";
@@ -35,24 +41,31 @@ pub const QEMU_ENV: &str = "PVISOR_QEMU";
 
 /// The engine this server runs guests with, or why none can.
 pub fn engine(host: &HostSupport) -> Result<VmEngine, String> {
+    let hardware = || match (host.virtualization, &host.kvm_access) {
+        (Virtualization::Hardware, Ok(())) => Ok(()),
+        (Virtualization::Hardware, Err(e)) => Err(e.clone()),
+        (v, _) => Err(format!(
+            "{}; a Linux guest needs hardware virtualization ({ENGINE_ENV}=qemu-tcg selects the test engine)",
+            v.describe()
+        )),
+    };
     match std::env::var(ENGINE_ENV).as_deref() {
-        Ok("qemu-tcg") => match std::env::var_os(QEMU_ENV) {
-            Some(q) if Path::new(&q).is_file() => Ok(VmEngine::QemuTcg),
-            Some(q) => Err(format!("{ENGINE_ENV}=qemu-tcg, but {QEMU_ENV}={} is not a file", Path::new(&q).display())),
-            None => match which("qemu-system-x86_64") {
-                Some(_) => Ok(VmEngine::QemuTcg),
-                None => Err(format!("{ENGINE_ENV}=qemu-tcg, but qemu-system-x86_64 is not installed")),
-            },
+        Ok("qemu-tcg") => qemu("qemu-tcg").map(|()| VmEngine::QemuTcg),
+        Ok("qemu-kvm") => hardware().and_then(|()| qemu("qemu-kvm")).map(|()| VmEngine::QemuKvm),
+        Ok("kvm" | "") | Err(_) => hardware().map(|()| VmEngine::Kvm),
+        Ok(other) => Err(format!("{ENGINE_ENV}={other:?}: expected kvm, qemu-tcg or qemu-kvm")),
+    }
+}
+
+/// Whether the QEMU engines' binary is there ([`QEMU_ENV`], else `qemu-system-x86_64` on `PATH`).
+fn qemu(engine: &str) -> Result<(), String> {
+    match std::env::var_os(QEMU_ENV) {
+        Some(q) if Path::new(&q).is_file() => Ok(()),
+        Some(q) => Err(format!("{ENGINE_ENV}={engine}, but {QEMU_ENV}={} is not a file", Path::new(&q).display())),
+        None => match which("qemu-system-x86_64") {
+            Some(_) => Ok(()),
+            None => Err(format!("{ENGINE_ENV}={engine}, but qemu-system-x86_64 is not installed")),
         },
-        Ok("kvm" | "") | Err(_) => match (host.virtualization, &host.kvm_access) {
-            (Virtualization::Hardware, Ok(())) => Ok(VmEngine::Kvm),
-            (Virtualization::Hardware, Err(e)) => Err(e.clone()),
-            (v, _) => Err(format!(
-                "{}; a Linux guest needs hardware virtualization ({ENGINE_ENV}=qemu-tcg selects the test engine)",
-                v.describe()
-            )),
-        },
-        Ok(other) => Err(format!("{ENGINE_ENV}={other:?}: expected qemu-tcg or kvm")),
     }
 }
 
@@ -61,6 +74,7 @@ pub fn engine_name(engine: VmEngine) -> &'static str {
     match engine {
         VmEngine::Kvm => "kvm",
         VmEngine::QemuTcg => "qemu-tcg",
+        VmEngine::QemuKvm => "qemu-kvm",
     }
 }
 
@@ -87,7 +101,15 @@ impl VmAssets {
             write_atomically(&initramfs, &cpio)?;
         }
         let identity = identity_of(kernel, &cpio, engine)?;
-        let assets = VmAssets { kernel: kernel.to_path_buf(), initramfs, identity, dir: dir.to_path_buf(), engine };
+        let cmdline_extra = std::env::var(CMDLINE_ENV).unwrap_or_default();
+        let assets = VmAssets {
+            kernel: kernel.to_path_buf(),
+            initramfs,
+            identity,
+            dir: dir.to_path_buf(),
+            engine,
+            cmdline_extra,
+        };
         assets.scratch_template(0)?;
         Ok(assets)
     }
@@ -101,7 +123,14 @@ impl VmAssets {
                 std::fs::write(f, b"stand-in").unwrap();
             }
         }
-        VmAssets { kernel, initramfs, identity: "test".into(), dir: dir.to_path_buf(), engine }
+        VmAssets {
+            kernel,
+            initramfs,
+            identity: "test".into(),
+            dir: dir.to_path_buf(),
+            engine,
+            cmdline_extra: String::new(),
+        }
     }
 
     /// The empty ext4 of a scratch disk of `bytes` ([`SCRATCH_BYTES`] for
@@ -122,6 +151,7 @@ impl VmAssets {
         match self.engine {
             VmEngine::Kvm => 48 << 20,
             VmEngine::QemuTcg => 192 << 20,
+            VmEngine::QemuKvm => 128 << 20,
         }
     }
 
@@ -162,7 +192,7 @@ impl VmAssets {
             guest_cid: GUEST_CID,
             console_log: state_dir.join("console.log").to_string_lossy().into_owned(),
             engine: self.engine as i32,
-            cmdline_extra: String::new(),
+            cmdline_extra: self.cmdline_extra.clone(),
             // Set by the launch from the server's `--memory-merge`.
             memory_merge: false,
             // Set by the launch (a template capture).

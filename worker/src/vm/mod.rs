@@ -106,7 +106,7 @@ impl Backend for VmBackend {
         };
         let sandbox: Box<dyn Sandbox> = match self.engine {
             VmEngine::Kvm => Box::new(kvm::start(vm, &common.hostname, boot, device_end)?),
-            VmEngine::QemuTcg => {
+            VmEngine::QemuTcg | VmEngine::QemuKvm => {
                 let dir = Path::new(&vm.console_log).parent().unwrap_or(Path::new("."));
                 Box::new(qemu::start(vm, &common.hostname, dir, boot, device_end)?)
             }
@@ -117,14 +117,14 @@ impl Backend for VmBackend {
     fn threads(&self) -> &'static [ThreadFilter] {
         match self.engine {
             VmEngine::Kvm => &KVM_THREADS,
-            VmEngine::QemuTcg => &QEMU_THREADS,
+            VmEngine::QemuTcg | VmEngine::QemuKvm => &QEMU_THREADS,
         }
     }
 
     fn sync_filter(&self) -> bool {
         // Under QEMU, the back-ends' threads take the main thread's filter
         // (they install none of their own); under KVM each has its own.
-        self.engine == VmEngine::QemuTcg
+        self.engine != VmEngine::Kvm
     }
 }
 
