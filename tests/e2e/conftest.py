@@ -478,7 +478,16 @@ def _deadline(request):
         signal.signal(signal.SIGALRM, old)
 
 
+# The backend of the suite's sandboxes (the session server's `--backend`, and the default of
+# the servers tests start themselves).
+SUITE_BACKEND = os.environ.get("PVISOR_E2E_BACKEND", "ns")
+
+
 def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("backend")
+    if marker and marker.args[0] != SUITE_BACKEND:
+        why = marker.kwargs.get("why") or (marker.args[1] if len(marker.args) > 1 else "")
+        pytest.skip(f"{marker.args[0]} sandboxes only (this run's are {SUITE_BACKEND}): {why}")
     item._pvisor_log_offsets = {s.name: s.log_size() for s in _SERVERS}
 
 

@@ -1,4 +1,5 @@
-"""A hostile tenant, as root inside an ns sandbox (issue 12, "Hostile tenant suite").
+"""A hostile tenant, as root inside a sandbox (issue 12, "Hostile tenant suite"): an ns jail, or
+with PVISOR_E2E_BACKEND=vm a microVM whose guest the probes run in (tests/kvmhost).
 
 Each probe is refused or contained, and after each the service answers and a
 bystander sandbox still works (`service_fine`). What test_isolation.py already
@@ -24,7 +25,7 @@ import httpx
 import pytest
 from opensandbox.models.filesystem import SearchEntry
 
-from conftest import SandboxFactory, _make_conn
+from conftest import SUITE_BACKEND, SandboxFactory, _make_conn
 from e2e_util import BUSYBOX, PYTHON, run, sh, stdout_text, wait_until
 from unprivileged import start_unprivileged
 
@@ -36,7 +37,7 @@ def hostile_server(request, tmp_path_factory):
         yield request.getfixturevalue("pvisor_server")
         return
     srv, deleg = start_unprivileged(tmp_path_factory, "pvisor-hostile-user", ["busybox.tar", "python-3.11-slim.tar"],
-                                    {}, ["--backend", "ns"], tag="hostile")
+                                    {}, ["--backend", SUITE_BACKEND], tag="hostile")
     try:
         yield srv
         srv.stop()

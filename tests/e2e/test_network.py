@@ -19,7 +19,7 @@ import pytest
 from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule
 from opensandbox.sync import SandboxSync
 
-from conftest import _make_conn, _start_server
+from conftest import SUITE_BACKEND, _make_conn, _start_server
 from e2e_util import (BLOCKED, EGRESS_PORT, NETPROBE_DIR, PYTHON, SMALL, assert_error_json, dataplane,
                       install_netprobe, list_all_ids, netprobe, run, sh, wait_until)
 from unprivileged import start_unprivileged
@@ -40,7 +40,7 @@ def net_server(request, networld, tmp_path_factory):
     """A broker whose sandboxes' upstream resolver is the private internet's DNS."""
     if os.geteuid() != 0:
         pytest.skip("the private internet needs root")
-    args = ["--backend", "ns", "--net-dns", networld.DNS]
+    args = ["--backend", SUITE_BACKEND, "--net-dns", networld.DNS]
     if request.param == "root":
         srv = _start_server(tmp_path_factory, "pvisor-net", ARCHIVES, {}, args)
         yield srv
@@ -311,7 +311,7 @@ def test_bad_policy_is_400(case, net_server):
 @pytest.fixture(scope="module")
 def none_server(networld, tmp_path_factory):
     srv = _start_server(tmp_path_factory, "pvisor-net-none", ["python-3.11-slim.tar"], {},
-                        ["--backend", "ns", "--default-egress", "none"])
+                        ["--backend", SUITE_BACKEND, "--default-egress", "none"])
     yield srv
     srv.stop()
 

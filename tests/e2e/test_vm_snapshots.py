@@ -7,10 +7,11 @@ booting, so the guest's processes run on from the moment of the snapshot.
 Each restore gets the host's clock, fresh entropy (the kernel's generator
 reseeded) and its own hostname before it is Ready.
 
-Here the machine runs under the QEMU TCG test engine; its snapshots need a
-QEMU whose vhost-user-vsock device migrates (`PVISOR_QEMU`: QEMU 10.0.2 built
-by scripts/common.sh `qemu_snapshots` with scripts/qemu/'s patch; upstream
-marks that device unmigratable).
+Under the project's own VMM (the KVM test host, tests/kvmhost) the worker writes the state and
+a memory file that every restore maps copy-on-write. On these PVM hosts the machine runs under
+the QEMU TCG test engine, whose snapshots need a QEMU whose vhost-user-vsock device migrates
+(`PVISOR_QEMU`: QEMU 10.0.2 built by scripts/common.sh `qemu_snapshots` with scripts/qemu/'s
+patch; upstream marks that device unmigratable).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from opensandbox.exceptions import SandboxApiException
 
 from conftest import SandboxFactory, _make_conn, _start_server
 from e2e_util import BUSYBOX, SMALL, assert_error_json, run, sh, wait_until
-from vm_util import VM_ENV, guest_kernel
+from vm_util import ENGINE, VM_ENV, guest_kernel
 from vm_util import require as _require
 
 SNAPSHOT_TIMEOUT = 300
@@ -42,6 +43,9 @@ HEARTBEAT = (
 
 
 def snapshot_qemu() -> None:
+    """Under the QEMU test engine: a QEMU that can take them (the own VMM needs nothing)."""
+    if ENGINE != "qemu-tcg":
+        return
     q = os.environ.get("PVISOR_QEMU", "")
     _require("PVISOR_QEMU (QEMU with scripts/qemu/'s patch: scripts/common.sh qemu_snapshots)",
              bool(q) and os.path.isfile(q))

@@ -4,9 +4,10 @@ configured; later creates of that key restore from the template, then
 configure their own agent (environment, entrypoint) and get their own
 hostname, clock and entropy (`Agent.Refresh`).
 
-Under the QEMU TCG test engine (its clones load the state into memory of their
-own: nothing is shared between them here); needs the patched QEMU as the vm
-snapshot tests do.
+Under the project's own VMM (the KVM test host, tests/kvmhost) every clone maps the template's
+memory file copy-on-write, so clones share the pages none of them wrote. Under the QEMU TCG test
+engine (these PVM hosts) its clones load the state into memory of their own (nothing shared);
+it needs the patched QEMU as the vm snapshot tests do.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from conftest import SandboxFactory, _make_conn, _start_server
 from e2e_util import BUSYBOX, run, sh, wait_until
-from vm_util import VM_ENV, guest_kernel
+from vm_util import ENGINE, VM_ENV, guest_kernel, vmm_pids
 from test_vm_snapshots import snapshot_qemu
 
 
@@ -71,6 +72,29 @@ def test_later_creates_are_clones_of_the_first_ones_template(vm, tpl_server):
     sh(b, "echo only-b > /root/b.txt")
     assert run(c, "test -e /root/b.txt").exit_code != 0 and run(a, "test -e /root/b.txt").exit_code != 0
     assert sh(b, "head -c 32 /dev/urandom | od -An -tx1") != sh(c, "head -c 32 /dev/urandom | od -An -tx1")
+    if ENGINE == "kvm":
+        # The own VMM maps the template's memory file privately in each clone: the guest pages
+        # neither clone wrote are one copy, in the page cache, shared by both.
+        shared = [template_memory(tpl_server, sb) for sb in (b, c)]
+        for m in shared:
+            assert m["Shared_Clean"] >= 4096, f"a clone shares too little of the template's memory: {shared}"
+            assert m["Private_Dirty"] < m["Rss"], f"a clone copied all it maps: {shared}"
+
+
+def template_memory(srv, sb) -> dict[str, int]:
+    """KiB counts (Rss, Shared_Clean, Private_Dirty, ...) of the template memory file's mapping in
+    the sandbox's VMM (its worker)."""
+    (pid,) = vmm_pids(srv.data_dir, sb.id)
+    totals: dict[str, int] = {}
+    inside = False
+    for line in open(f"/proc/{pid}/smaps"):
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            inside = len(head) >= 6 and "/templates/" in head[5] and head[5].endswith("/memory")
+        elif inside and head[0].endswith(":") and len(head) >= 2 and head[1].isdigit():
+            totals[head[0][:-1]] = totals.get(head[0][:-1], 0) + int(head[1])
+    assert totals, f"no template memory file mapped in {pid}"
+    return totals
 
 
 @pytest.mark.deadline(600)

@@ -207,6 +207,23 @@ def test_validation_codes(vhttp):
         assert r.status_code == 400 and r.json()["code"] == code, (vols, r.status_code, r.text)
 
 
+@pytest.mark.backend("vm", why="needs a host where vm sandboxes run (the KVM test host)")
+def test_volumes_are_refused_on_vm(vhttp, vol_server, prefix):
+    """A vm sandbox cannot mount volumes yet: host and named volumes are refused with 400
+    `VOLUME::UNSUPPORTED_BACKEND` before anything is made (no sandbox, no named volume)."""
+    before = list_all_ids(vhttp)
+    cases = [[{"name": "hv", "mountPath": "/mnt/host", "host": {"path": str(prefix / "host-volume-test")}}],
+             [{"name": "pv", "mountPath": "/mnt/pvc", "pvc": {"claimName": "pvisor-vm-refused"}}]]
+    for vols in cases:
+        r = vhttp.post("/v1/sandboxes", json={"image": {"uri": BUSYBOX}, "entrypoint": ["sleep", "600"],
+                                               "resourceLimits": SMALL, "volumes": vols,
+                                               "extensions": {"pvisor.io/backend": "vm"}})
+        assert r.status_code == 400 and r.json()["code"] == "VOLUME::UNSUPPORTED_BACKEND", (vols, r.text)
+        assert "vm" in r.json()["message"], r.text
+    assert list_all_ids(vhttp) == before
+    assert "pvisor-vm-refused" not in cli(vol_server, "ls").stdout
+
+
 def test_default_server_denies_every_host_path(http):
     """No --allow-host-path: an empty allowlist denies all (the reference's #750)."""
     r = create_raw(http, [{"name": "v", "mountPath": "/mnt/v", "readOnly": True, "host": {"path": "/tmp"}}])
