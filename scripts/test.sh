@@ -8,6 +8,7 @@ qemu_snapshots
 host_setup
 build
 guest_kernel
+host_kernel
 test_images
 python_env
 api_fuzz_env
@@ -42,9 +43,12 @@ log "private test internet (tests/networld): unit tests, set-up, every server fr
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/networld
 "$VENV/bin/python" tests/networld up
 "$VENV/bin/python" tests/networld check
-log "cgroup v2 host: the e2e subset inside a QEMU TCG guest with cgroup_no_v1=all (tests/cgroupv2)"
+log "cgroup v2 host: the e2e subset in the KVM test host, a pure cgroup v2 host (tests/cgroupv2)"
 PVISOR_TEST_STRICT=1 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q \
     -p no:cacheprovider tests/cgroupv2
+log "vm backend for real: the project's own VMM boots Linux guests in the KVM test host (tests/kvmhost)"
+PVISOR_TEST_STRICT=1 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q \
+    -p no:cacheprovider tests/kvmhost
 log "network suite (official SDK, private internet; root and unprivileged broker)"
 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES PVISOR_NETWORLD_KEEP=1 "$VENV/bin/python" -m pytest -q \
     -p no:cacheprovider tests/e2e/test_network.py

@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
@@ -72,7 +73,7 @@ def pytest(tests: list[str], env: dict[str, str], timeout: float = 3600, before:
            memory_mib: int | None = None) -> Outcome:
     """Runs pytest on `tests` (ids relative to the checkout) in a fresh test host with `env`
     added to this process's; `before` is a shell line run first (its output comes back too)."""
-    python = os.environ.get("PVISOR_PYTHON", shutil.which("python3") or "python3")
+    python = os.environ.get("PVISOR_PYTHON", sys.executable)
     results = Path(tempfile.mkdtemp(prefix="pvisor-kvm-host-results-"))
     try:
         junit = results / "junit.xml"
