@@ -13,6 +13,9 @@ Experiments are subcommands (bench/README.md explains each):
             virtualization only) SDK create on vm vs ns
   network   the sandbox network against tests/networld: 100 MiB download, connect P50,
             create with networking on vs none, idle pvisor-netd memory (vs Docker's bridge)
+  vmhost    the vm backend under the project's own VMM in the KVM test host (run it there:
+            scripts/kvm-host.sh bench/run vmhost ...): memory beside ns, templates and merging,
+            density, VMM RSS, create time vs QEMU microvm under KVM, template and snapshot restores
   all       every experiment, one after the other, plus summary.md
 
 `startup --pvisor-only` is the CI smoke mode (no Docker, a few seconds).
@@ -30,9 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib import common  # noqa: E402
 from lib.common import IMAGE_FILES, REPO, environment, log  # noqa: E402
 
-EXPERIMENTS = ("startup", "burst", "disk", "memory", "imagefs", "vm", "network", "snapshot", "code")
+EXPERIMENTS = ("startup", "burst", "disk", "memory", "imagefs", "vm", "network", "snapshot", "code", "vmhost")
+# Experiments `all` leaves out: vmhost runs only where hardware virtualization exists (the KVM
+# test host of scripts/kvm-host.sh).
+NOT_IN_ALL = ("vmhost",)
 # Experiments with no peer side (their yardsticks are the host and pvisor itself).
-PVISOR_ONLY = ("imagefs", "snapshot", "code")
+PVISOR_ONLY = ("imagefs", "snapshot", "code", "vmhost")
 # Experiments whose peer takes part only in some parts; their result says whether it did
 # (`used_peer`). vm: only its SDK part has a peer, and that part needs hardware virtualization.
 PEER_OPTIONAL = ("vm",)
@@ -146,7 +152,7 @@ def targets_md(name: str, res: dict) -> str:
 def run_all(args) -> int:
     out = Path(args.out)
     results = {}
-    for name in EXPERIMENTS:
+    for name in (e for e in EXPERIMENTS if e not in NOT_IN_ALL):
         a = argparse.Namespace(**vars(args))
         try:
             results[name] = run_one(name, a)
@@ -217,7 +223,8 @@ def main() -> int:
     common_args(p)
     p.add_argument("--pvisor-only", action="store_true")
     for name in EXPERIMENTS:
-        module(name).add_args(p)
+        if name not in NOT_IN_ALL:
+            module(name).add_args(p)
     p = sub.add_parser("report", help="re-render the Markdown and plots of a results dir from its JSON")
     p.add_argument("dir")
     args = ap.parse_args()

@@ -231,7 +231,7 @@ def one_round(svc, cg: ProductCgroup, args, hold_bytes: bytes, rng: random.Rando
             got = until(lambda: cat(sb, "/tmp/hold.ready"), 120, "hold.ready")
             if got != want:
                 raise AssertionError(f"hold (identical) in {sb.id}: {got!r} != {want!r}")
-        if svc.name == MERGE_SIDE:
+        if svc.name == MERGE_SIDE or getattr(svc, "merging", False):
             # Its own mark, so idle4 ends where it does on the other sides.
             phase("merging")
             rec["merge_wait_s"] = wait_merged(args.merge_wait)

@@ -30,13 +30,22 @@ def is_v2() -> bool:
     return f.exists() and "memory" in f.read_text().split()
 
 
+def v2_base(own: Path) -> Path:
+    """Where v2 product groups go: beneath the harness's own group, unless that group holds
+    processes and hands no memory controller down (v2's "no internal processes" rule, e.g. a
+    shell's session scope): then beside it, under the same parent, as a root broker does."""
+    busy = (own / "cgroup.procs").read_text().split()
+    delegates = "memory" in (own / "cgroup.subtree_control").read_text().split()
+    return own.parent if busy and not delegates else own
+
+
 class ProductCgroup:
     def __init__(self, name: str, mem_limit: int, cpus: float):
         self.name = name
         self.v2 = is_v2()
         own = own_cgroups()
         if self.v2:
-            self.dirs = {"unified": ROOT / own[""].lstrip("/") / name}
+            self.dirs = {"unified": v2_base(ROOT / own[""].lstrip("/")) / name}
             self.mem_dir = self.dirs["unified"]
         else:
             self.dirs = {c: ROOT / c / own.get(c, "/").lstrip("/") / name for c in ("memory", "cpu")}

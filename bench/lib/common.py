@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -92,7 +93,7 @@ def out(cmd, **kw) -> str:
         return ""
 
 
-def connection(domain: str) -> ConnectionConfigSync:
+def connection(domain: str, request_timeout_s: float | None = None) -> ConnectionConfigSync:
     """One SDK connection config per service start, built before any timed region.
 
     It carries its own transport (the SDK's reuse mechanism): without one, every
@@ -101,10 +102,13 @@ def connection(domain: str) -> ConnectionConfigSync:
     failed create); the harness drops it with the service. SDK telemetry (a
     fire-and-forget POST /v1/metrics/events on a fresh httpx client per create)
     is off on both sides unless --sdk-metrics: it is client work that would run
-    inside the timed window.
+    inside the timed window. `request_timeout_s`: the SDK's per-request timeout where its
+    default (30 s) is too short (emulated hosts).
     """
     base = ConnectionConfigSync(domain=domain)
-    return ConnectionConfigSync(domain=domain, transport=base.new_owned_transport(), disable_metrics=not SDK_METRICS)
+    extra = {"request_timeout": timedelta(seconds=request_timeout_s)} if request_timeout_s else {}
+    return ConnectionConfigSync(domain=domain, transport=base.new_owned_transport(), disable_metrics=not SDK_METRICS,
+                                **extra)
 
 
 def async_connection(domain: str) -> ConnectionConfig:

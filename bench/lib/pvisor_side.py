@@ -1,6 +1,7 @@
 """pvisor as a benchmark side: `pvisor serve` on a private data dir."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -32,7 +33,7 @@ class PvisorService:
     name = "pvisor"
 
     def __init__(self, workdir: Path, images: list[str], warm_workers: int | None = None, cgroup=None,
-                 pvisor: Path | None = None, serve_args=()):
+                 pvisor: Path | None = None, serve_args=(), env: dict | None = None, request_timeout_s=None):
         self.workdir = workdir
         self.pvisor = pvisor or snapshot_binaries(workdir)
         self.data = workdir / "pvisor-data"
@@ -40,6 +41,8 @@ class PvisorService:
         self.warm_workers = warm_workers
         self.cgroup = cgroup
         self.serve_args = [str(a) for a in serve_args]
+        self.env = dict(env or {})
+        self.request_timeout_s = request_timeout_s
         import_images(self.pvisor, self.data, images)
         self.proc = None
         self.port = free_port()
@@ -47,7 +50,7 @@ class PvisorService:
 
     def describe(self) -> dict:
         d = self.pvisor.parent
-        return {"side": "pvisor", "command": self.command(),
+        return {"side": "pvisor", "command": self.command(), "env": self.env,
                 "warm_workers": self.warm_workers if self.warm_workers is not None else "default (2)",
                 "binaries": {b: sha256_file(d / b) for b in ("pvisor", "pvisor-worker", "pvisor-imaged", "pvisor-agent",
                                                              "pvisor-netd") if (d / b).exists()}}
@@ -61,10 +64,11 @@ class PvisorService:
     def start(self) -> None:
         # One transport per service start, shared by every SDK call; built
         # before any timed region (see common.connection).
-        self.conn = connection(f"127.0.0.1:{self.port}")
+        self.conn = connection(f"127.0.0.1:{self.port}", self.request_timeout_s)
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"),
+                                     env={**os.environ, **self.env} if self.env else None,
                                      preexec_fn=self.cgroup.preexec() if self.cgroup else None)
-        wait_http(f"{self.base_url}/health", "pvisor", self.log, timeout=30, proc=self.proc)
+        wait_http(f"{self.base_url}/health", "pvisor", self.log, timeout=120, proc=self.proc)
 
     def restart(self) -> None:
         self.stop()
