@@ -159,6 +159,9 @@ class Killer:
 
 
 @pytest.mark.deadline(600)
+@pytest.mark.backend("ns", why="its process kinds are host processes of ns sandboxes: a vm sandbox's agent runs "
+                     "inside the guest and its image is a disk, not an image server (the VMM killed: "
+                     "test_durability.py::test_worker_killed_while_the_broker_is_down)")
 def test_worker_agent_and_image_server_killed_at_random_points(fault_server):
     srv = fault_server
     seed = int(os.environ.get("PVISOR_FAULT_SEED", random.randrange(1 << 30)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -230,6 +231,7 @@ def test_hundreds_of_background_commands(sandbox, bystander, hostile_server):
     assert rss > 0
 
 
+@pytest.mark.backend("ns", why="a vm sandbox's root is its guest kernel's own: the variant below")
 def test_host_identity_of_a_sandbox(tenant, bystander, hostile_server, request):
     """Root broker: sandbox root is an unprivileged host id of a range of its own (never 0).
     Unprivileged broker: one id only, the broker's own user (documented in the README:
@@ -245,4 +247,18 @@ def test_host_identity_of_a_sandbox(tenant, bystander, hostile_server, request):
         assert (outside, count) == (broker_uid, 1), fields
         # Even so, no capability over the host: the host's files of that user are not in reach.
         assert run(tenant, f"ls {hostile_server.data_dir}").exit_code != 0
+    service_fine(hostile_server, bystander)
+
+
+HOST_BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+@pytest.mark.backend("vm", why="the ns variant is the test above")
+def test_host_identity_of_a_vm_sandbox(tenant, bystander, hostile_server):
+    """A vm sandbox's root is root of a kernel of its own: no user namespace maps it to any host
+    id (its uid_map is the initial one), the kernel is not the host's (boot id), and no host
+    path is in reach (the broker's data dir does not exist in the guest)."""
+    assert sh(tenant, "cat /proc/self/uid_map").split() == ["0", "0", "4294967295"]
+    assert sh(tenant, "cat /proc/sys/kernel/random/boot_id") != HOST_BOOT_ID
+    assert run(tenant, f"ls {hostile_server.data_dir}").exit_code != 0
     service_fine(hostile_server, bystander)
