@@ -5,7 +5,23 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PVISOR_CACHE=${PVISOR_CACHE:-/var/cache/pvisor}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PVISOR_CACHE/target}
-DIST=$REPO/target/dist
+# Whether every directory from / down to $1 lets other users through (o+x).
+reachable_by_others() {
+    local d=$1
+    while [ "$d" != / ] && [ -n "$d" ]; do
+        [ -e "$d" ] && (($(stat -c %a "$d") % 2 == 0)) && return 1
+        d=$(dirname "$d")
+    done
+    return 0
+}
+# The release binaries. Unprivileged workers, agents and image servers (the tests run some as
+# other users) open them, so where the checkout is not reachable by others (a clone in root's
+# 0700 home) they live under the cache instead, one directory per checkout.
+if reachable_by_others "$REPO"; then
+    DIST=$REPO/target/dist
+else
+    DIST=$PVISOR_CACHE/dist/$(printf '%s' "$REPO" | sha256sum | cut -c1-16)
+fi
 VENV=$PVISOR_CACHE/venv
 TEST_IMAGES=$PVISOR_CACHE/test-images
 

@@ -7,6 +7,8 @@ host_setup
 build
 guest_kernel
 test_images
+# The official SDK's environment: bench/run and the examples use it.
+python_env
 # The data directory is pvisor's default (/var/lib/pvisor for root) unless
 # PVISOR_DATA_DIR is set; both commands below read that variable.
 log "importing images"

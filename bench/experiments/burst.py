@@ -150,7 +150,8 @@ def report(res: dict, out) -> str:
     for m in METRICS:
         cells = []
         for n in names:
-            ci = summ["paired"][m][f"ci95_median_{'a' if n == 'pvisor' else 'b'}"] if "paired" in summ else None
+            # No CI where no pair completed (a side whose every burst failed): the table says so below.
+            ci = summ["paired"][m].get(f"ci95_median_{'a' if n == 'pvisor' else 'b'}") if "paired" in summ else None
             cells.append(fmt(summ[n]["median"][m]) + (f" [{ci_text(ci)}]" if ci else ""))
         lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |"
                      + (f" {ratio_cell(summ['paired'][m])} |" if "paired" in summ else ""))
@@ -160,6 +161,9 @@ def report(res: dict, out) -> str:
               + ", ".join(f"{n}: {summ[n]['sdk_transport_retries']}" for n in names) + ".", ""]
     failures = [(n, b["index"], r.get("error")) for n in names for b in res["bursts"][n] for r in b["instances"]
                 if not r.get("ok")]
+    if any(summ[n]["failed"] == summ[n]["n"] for n in names):
+        lines += ["**" + ", ".join(n for n in names if summ[n]["failed"] == summ[n]["n"])
+                  + ": every burst failed; its figures are empty (–).**", ""]
     if failures:
         lines += ["Failed instances:", ""] + [f"- {n} burst {i}: {e}" for n, i, e in failures[:20]] + [""]
     panels = [{"label": LABELS[m], "paired": True,

@@ -413,7 +413,12 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         durable,
         persist: std::env::var_os("PVISOR_BENCH_NO_STATE").is_none(),
         guard: Guard::new(&o.http),
-        admission: Admission::new(o.http.max_concurrent_creates, o.http.max_sandboxes),
+        admission: Admission::new(
+            o.http.max_concurrent_creates,
+            o.http.create_queue,
+            o.http.create_queue_wait(),
+            o.http.max_sandboxes,
+        ),
         http: o.http,
         memory_merge,
         templates,

@@ -5,7 +5,8 @@ A server of its own with short timeouts and small caps:
   /health and a create keep answering, the server closes the half-open connections once
   the header timeout has passed, and its fd count and RSS come back (figures printed);
 * heads and bodies over their bounds get 431/413 JSON;
-* the create concurrency cap and the sandbox cap answer 429 with their codes.
+* creates past the concurrency bound wait in a queue; a full queue and a create that waited
+  past its deadline answer 429 `TOO_MANY_CREATES`, the sandbox cap 429 `SANDBOX_LIMIT_REACHED`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ HALF_OPEN = 3000
 SLOW_BODIES = 200
 MAX_STREAMS = 2
 MAX_CONNECTIONS = 50
+QUEUE_WAIT = 3
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,8 @@ def srv(tmp_path_factory):
             "--max-body-bytes", str(MAX_BODY),
             "--max-sandboxes", str(MAX_SANDBOXES),
             "--max-concurrent-creates", "1",
+            "--create-queue", "1",
+            "--create-queue-wait-secs", str(QUEUE_WAIT),
             "--max-streams", str(MAX_STREAMS),
         ],
     )
@@ -217,7 +221,52 @@ class HangingRegistry:
             c.close()
 
 
-def test_create_concurrency_cap_answers_429(srv, http):
+def test_creates_past_the_concurrency_bound_queue_and_are_refused_when_full_or_late(srv, http):
+    reg = HangingRegistry()
+    first: dict = {}
+    queued: dict = {}
+
+    def slow_create():
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            first["r"] = create(c, f"127.0.0.1:{reg.port}/hang/forever:1")
+
+    def queued_create():
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            t0 = time.monotonic()
+            queued["r"] = create(c)
+            queued["waited"] = time.monotonic() - t0
+
+    t = threading.Thread(target=slow_create)
+    t.start()
+    q = threading.Thread(target=queued_create)
+    try:
+        assert reg.accepted.wait(30), "the create did not reach the hanging registry"
+        # The one slot is taken: the next create waits in the queue (of one)...
+        q.start()
+        time.sleep(1)
+        assert q.is_alive(), f"the second create did not wait: {queued}"
+        # ... and one more finds the queue full, at once.
+        r = create(http)
+        body = assert_error_json(r, 429)
+        assert body["code"] == "TOO_MANY_CREATES" and "--create-queue" in body["message"], body
+        assert r.headers.get("retry-after") == "1"
+        # The queued one gives up at its deadline, with the same code and its reason.
+        q.join(QUEUE_WAIT + 30)
+        body = assert_error_json(queued["r"], 429)
+        assert body["code"] == "TOO_MANY_CREATES" and "--create-queue-wait-secs" in body["message"], body
+        assert queued["r"].headers.get("retry-after") == "1"
+        assert queued["waited"] >= QUEUE_WAIT - 0.5, queued
+    finally:
+        reg.close()
+        t.join(120)
+        q.join(120) if q.is_alive() else None
+    assert first["r"].status_code >= 400, first["r"].text
+    r = create(http)
+    assert r.status_code == 202, r.text
+    http.delete(f"/v1/sandboxes/{r.json()['id']}")
+
+
+def test_a_queued_create_is_served_when_the_slot_frees(srv, http):
     reg = HangingRegistry()
     first: dict = {}
 
@@ -229,17 +278,14 @@ def test_create_concurrency_cap_answers_429(srv, http):
     t.start()
     try:
         assert reg.accepted.wait(30), "the create did not reach the hanging registry"
+        threading.Timer(1.0, reg.close).start()  # the slot frees while the next create waits
         r = create(http)
-        body = assert_error_json(r, 429)
-        assert body["code"] == "TOO_MANY_CREATES"
-        assert r.headers.get("retry-after") == "1"
+        assert r.status_code == 202, r.text
+        http.delete(f"/v1/sandboxes/{r.json()['id']}")
     finally:
         reg.close()
         t.join(120)
     assert first["r"].status_code >= 400, first["r"].text
-    r = create(http)
-    assert r.status_code == 202, r.text
-    http.delete(f"/v1/sandboxes/{r.json()['id']}")
 
 
 def test_sandbox_cap_answers_429(srv, http):

@@ -138,7 +138,7 @@ async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pvisor_im
     responses((status = 202, description = "the sandbox, starting or running", body = CreateSandboxResponse)))]
 pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> Result<Response, Response> {
     let started = std::time::Instant::now();
-    let _admitted = ctx.admission.admit(ctx.registry.list().len()).map_err(|r| {
+    let _admitted = ctx.admission.admit(ctx.registry.list().len()).await.map_err(|r| {
         crate::metrics::events().create_failed(r.error.code);
         r.into_response()
     })?;

@@ -48,10 +48,18 @@ pub struct HttpLimits {
     /// watches, downloads, tunnels included): 429 past it.
     #[arg(long, default_value_t = 1024, value_name = "N")]
     pub max_streams: usize,
-    /// Creates in progress at once: 429 `TOO_MANY_CREATES` (with
-    /// Retry-After) past it.
+    /// Creates in progress at once; the ones past it wait their turn in a
+    /// FIFO queue.
     #[arg(long, default_value_t = 8, value_name = "N")]
     pub max_concurrent_creates: usize,
+    /// Creates waiting for their turn at most: 429 `TOO_MANY_CREATES` (with
+    /// Retry-After) past it.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub create_queue: usize,
+    /// Longest wait of a queued create (inside the official SDK's 30 s
+    /// request timeout): 429 `TOO_MANY_CREATES` (with Retry-After) past it.
+    #[arg(long, default_value_t = 20, value_name = "SECS")]
+    pub create_queue_wait_secs: u64,
     /// Sandboxes this server holds at most (creating ones included): 429
     /// `SANDBOX_LIMIT_REACHED` past it.
     #[arg(long, default_value_t = 500, value_name = "N")]
@@ -73,6 +81,8 @@ impl Default for HttpLimits {
             max_upload_bytes: 4 << 30,
             max_streams: 1024,
             max_concurrent_creates: 8,
+            create_queue: 256,
+            create_queue_wait_secs: 20,
             max_sandboxes: 500,
         }
     }
@@ -84,6 +94,9 @@ impl HttpLimits {
     }
     pub fn body_timeout(&self) -> Duration {
         Duration::from_secs(self.body_timeout_secs.max(1))
+    }
+    pub fn create_queue_wait(&self) -> Duration {
+        Duration::from_secs(self.create_queue_wait_secs)
     }
 
     /// Refuses settings that would make the server unusable.
