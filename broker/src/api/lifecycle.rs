@@ -277,7 +277,10 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
     let prepared = tokio::task::spawn_blocking(move || crate::volumes::prepare(&volumes, &c.volumes.store))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
-    let expires_at = timeout.map(|t| Utc::now() + ChronoDuration::seconds(t));
+    // The sandbox's life starts here: createdAt, and expiresAt = createdAt + timeout (a vm that
+    // boots for seconds still shows the whole timeout between the two).
+    let created_at = Utc::now();
+    let expires_at = timeout.map(|t| created_at + ChronoDuration::seconds(t));
     let plan = template_plan(&ctx, &image_id, origin.vm.as_ref(), &limits, vm_restore.is_some(), &id);
     let (template_clone, vm_capture) = match &plan {
         Plan::Clone { files, .. } => (Some(files.clone()), None),
@@ -318,6 +321,7 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
     let log = runtime.log.clone();
     let entry = Arc::new(
         SandboxEntry::new(id, new_token(), image_uri, entrypoint, expires_at, metadata, runtime)
+            .with_created_at(created_at)
             .with_image_id(image_id)
             .with_origin(origin)
             .with_egress(policy),

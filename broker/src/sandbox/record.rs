@@ -103,6 +103,12 @@ pub struct SandboxEntry {
 
 impl SandboxEntry {
     /// Records the pool id of the sandbox's image.
+    /// When the create began (the default is when the entry was made, after the launch).
+    pub fn with_created_at(mut self, at: DateTime<Utc>) -> Self {
+        self.created_at = at;
+        self
+    }
+
     pub fn with_image_id(mut self, image_id: String) -> Self {
         self.image_id = image_id;
         self
