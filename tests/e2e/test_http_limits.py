@@ -27,12 +27,12 @@ from e2e_util import BUSYBOX, SMALL, assert_error_json, wait_until
 HEADER_TIMEOUT = 3
 BODY_TIMEOUT = 3
 MAX_BODY = 64 << 10
-MAX_SANDBOXES = 2
+MAX_SANDBOXES = 3
 HALF_OPEN = 3000
 SLOW_BODIES = 200
 MAX_STREAMS = 2
 MAX_CONNECTIONS = 50
-QUEUE_WAIT = 3
+QUEUE_WAIT = 10
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +220,19 @@ class HangingRegistry:
         for c in self.conns:
             c.close()
 
+    def refuse(self):
+        """Answers every pull it holds with 404 (a pull gives up on that at once; a closed
+        connection it retries for seconds) and closes."""
+        self._stop = True
+        self.sock.close()
+        for c in self.conns:
+            try:
+                c.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
 
 def test_creates_past_the_concurrency_bound_queue_and_are_refused_when_full_or_late(srv, http):
     reg = HangingRegistry()
@@ -259,7 +272,8 @@ def test_creates_past_the_concurrency_bound_queue_and_are_refused_when_full_or_l
     finally:
         reg.close()
         t.join(120)
-        q.join(120) if q.is_alive() else None
+        if q.is_alive():
+            q.join(120)
     assert first["r"].status_code >= 400, first["r"].text
     r = create(http)
     assert r.status_code == 202, r.text
@@ -278,8 +292,10 @@ def test_a_queued_create_is_served_when_the_slot_frees(srv, http):
     t.start()
     try:
         assert reg.accepted.wait(30), "the create did not reach the hanging registry"
-        threading.Timer(1.0, reg.close).start()  # the slot frees while the next create waits
+        threading.Timer(1.0, reg.refuse).start()  # the slot frees while the next create waits
+        t0 = time.monotonic()
         r = create(http)
+        print(f"\nthe queued create was answered after {time.monotonic() - t0:.1f} s")
         assert r.status_code == 202, r.text
         http.delete(f"/v1/sandboxes/{r.json()['id']}")
     finally:

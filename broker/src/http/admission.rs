@@ -146,7 +146,8 @@ impl Admission {
     }
 
     /// Creates waiting for a slot now.
-    pub fn queued(&self) -> usize {
+    #[cfg(test)]
+    fn queued(&self) -> usize {
         lock(&self.counts).queued
     }
 }
