@@ -80,6 +80,8 @@ def add_args(p) -> None:
     p.add_argument("--time-rounds", type=int, default=10, help="vmhost: rounds of the time part")
     p.add_argument("--vmhost-parts", default="time,vmm_rss,memory,density",
                    help="vmhost: which parts to run, comma-separated")
+    p.add_argument("--vmhost-arms", default=",".join(TIME_ARMS),
+                   help="vmhost: the arms of the time part, comma-separated (e.g. without qemu-kvm)")
     p.add_argument("--qemu", default=shutil.which("qemu-system-x86_64") or "",
                    help="vmhost: the QEMU of the qemu-kvm arm (needs KVM support)")
 
@@ -198,7 +200,9 @@ def time_part(args, work: Path, pvisor: Path) -> dict:
     qemu = service(work, "qemu-kvm", args.image, pvisor, ["--backend", "vm", "--warm-workers", "2"],
                    env={"PVISOR_VM_ENGINE": "qemu-kvm", "PVISOR_QEMU": args.qemu})
     tpl = service(work, "template", args.image, pvisor, ["--backend", "vm", "--vm-templates", "--warm-workers", "2"])
-    services = [own, qemu, tpl]
+    chosen = tuple(a for a in TIME_ARMS if a in args.vmhost_arms.split(","))
+    # Not started unless its arm runs: its warm workers are QEMUs.
+    services = [own, tpl] + ([qemu] if "qemu-kvm" in chosen else [])
     res = {"rounds": args.time_rounds, "qemu": args.qemu, "samples": {a: [] for a in TIME_ARMS}}
     try:
         for s in services:
@@ -214,17 +218,18 @@ def time_part(args, work: Path, pvisor: Path) -> dict:
             "restore": lambda: restore_sample(own, snap["snapshot_id"]),
             "ns": lambda: one_sample(own, args.image, extensions={BACKEND_KEY: "ns"}),
         }
-        res["warmup"] = {a: arms[a]() for a in TIME_ARMS}
-        first = rng.randrange(len(TIME_ARMS))
+        res["arms"] = list(chosen)
+        res["warmup"] = {a: arms[a]() for a in chosen}
+        first = rng.randrange(len(chosen))
         for i in range(args.time_rounds):
-            order = TIME_ARMS[(first + i) % len(TIME_ARMS):] + TIME_ARMS[:(first + i) % len(TIME_ARMS)]
+            order = chosen[(first + i) % len(chosen):] + chosen[:(first + i) % len(chosen)]
             for a in order:
                 rec = arms[a]()
                 rec.update(index=i, position=order.index(a))
                 res["samples"][a].append(rec)
             log(f"vmhost/time round {i}: " + "  ".join(
                 f"{a} {res['samples'][a][-1].get('create_ms', float('nan')):.0f}/"
-                f"{res['samples'][a][-1].get('first_command_ms', float('nan')):.0f}" for a in TIME_ARMS) + " ms")
+                f"{res['samples'][a][-1].get('first_command_ms', float('nan')):.0f}" for a in chosen) + " ms")
         if snap.get("sandbox") is not None:
             snap["sandbox"].kill()
     finally:
@@ -286,15 +291,20 @@ def restore_sample(svc, snapshot_id: str) -> dict:
 
 def time_summary(samples: dict) -> dict:
     out = {}
+    metrics = ("create_ms", "first_command_ms")
     for a, recs in samples.items():
         ok = [r for r in recs if r["ok"]]
         out[a] = {"n": len(recs), "failed": len(recs) - len(ok),
-                  **{m: {"p50": median([r[m] for r in ok]), "p90": quantile([r[m] for r in ok], 0.9)}
-                     for m in ("create_ms", "first_command_ms")}}
-    p50 = lambda a, m: out[a][m]["p50"]  # noqa: E731
-    out["own_over_qemu"] = {m: p50("own-vmm", m) / p50("qemu-kvm", m) for m in ("create_ms", "first_command_ms")}
-    out["template_over_cold"] = {m: p50("template", m) / p50("own-vmm", m) for m in ("create_ms", "first_command_ms")}
-    out["restore_over_cold"] = {m: p50("restore", m) / p50("own-vmm", m) for m in ("create_ms", "first_command_ms")}
+                  **{m: {"p50": median([r[m] for r in ok]), "p90": quantile([r[m] for r in ok], 0.9)} if ok else None
+                     for m in metrics}}
+
+    def ratio(a: str, b: str) -> dict:
+        """P50 of arm a over arm b per figure; None where either has no successful sample."""
+        return {m: out[a][m]["p50"] / out[b][m]["p50"] if out[a][m] and out[b][m] else None for m in metrics}
+
+    out["own_over_qemu"] = ratio("own-vmm", "qemu-kvm")
+    out["template_over_cold"] = ratio("template", "own-vmm")
+    out["restore_over_cold"] = ratio("restore", "own-vmm")
     return out
 
 
@@ -347,16 +357,23 @@ def report(res: dict, out) -> str:
         lines += [f"### Time: create (= agent ready) and create → first checked command ({t['rounds']} rounds, "
                   "rotating order, one warm-up each)", "",
                   "| arm | create P50 / P90 (ms) | first command P50 / P90 (ms) | failed |", "|---|---:|---:|---:|"]
+        def p(x, m):
+            return f"{fmt(x[m]['p50'])} / {fmt(x[m]['p90'])}" if x[m] else "–"
+
+        def r3(v):
+            return "–" if v is None else f"{v:.3f}"
+
         for a in TIME_ARMS:
             x = s[a]
-            lines.append(f"| {a} | {fmt(x['create_ms']['p50'])} / {fmt(x['create_ms']['p90'])} | "
-                         f"{fmt(x['first_command_ms']['p50'])} / {fmt(x['first_command_ms']['p90'])} | "
-                         f"{x['failed']} of {x['n']} |")
-        lines += ["", f"Ratios of P50s: own VMM / QEMU microvm (KVM) create {s['own_over_qemu']['create_ms']:.3f}, "
-                  f"first command {s['own_over_qemu']['first_command_ms']:.3f}; template restore / cold boot "
-                  f"{s['template_over_cold']['create_ms']:.3f} / {s['template_over_cold']['first_command_ms']:.3f}; "
-                  f"snapshot restore / cold boot {s['restore_over_cold']['create_ms']:.3f} / "
-                  f"{s['restore_over_cold']['first_command_ms']:.3f}. Template capture (first create of the "
+            if x["n"] == 0:
+                lines.append(f"| {a} | not run | not run | – |")
+                continue
+            lines.append(f"| {a} | {p(x, 'create_ms')} | {p(x, 'first_command_ms')} | {x['failed']} of {x['n']} |")
+        lines += ["", f"Ratios of P50s: own VMM / QEMU microvm (KVM) create {r3(s['own_over_qemu']['create_ms'])}, "
+                  f"first command {r3(s['own_over_qemu']['first_command_ms'])}; template restore / cold boot "
+                  f"{r3(s['template_over_cold']['create_ms'])} / {r3(s['template_over_cold']['first_command_ms'])}; "
+                  f"snapshot restore / cold boot {r3(s['restore_over_cold']['create_ms'])} / "
+                  f"{r3(s['restore_over_cold']['first_command_ms'])}. Template capture (first create of the "
                   f"template server): {fmt(t['template_capture'].get('create_ms'))} ms; snapshot taken in "
                   f"{fmt(t['snapshot'].get('snapshot_ms'))} ms. QEMU: `{t['qemu']}`.", ""]
     rss = res.get("vmm_rss")

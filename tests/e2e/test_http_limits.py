@@ -193,7 +193,10 @@ def test_oversize_heads_and_bodies_get_json_errors(srv, http):
 
 
 class HangingRegistry:
-    """Accepts connections and never answers: a pull from it holds its create open."""
+    """Accepts connections and never answers: a pull from it holds its create open. Once
+    `refuse`d it answers every connection, held or new, with 404."""
+
+    NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
     def __init__(self):
         self.sock = socket.socket()
@@ -202,36 +205,51 @@ class HangingRegistry:
         self.port = self.sock.getsockname()[1]
         self.conns: list[socket.socket] = []
         self.accepted = threading.Event()
-        self._stop = False
+        self._refusing = False
+        self._lock = threading.Lock()
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self):
-        while not self._stop:
+        while True:
             try:
                 c, _ = self.sock.accept()
             except OSError:
                 return
-            self.conns.append(c)
+            with self._lock:
+                if self._refusing:
+                    self._answer(c)
+                    continue
+                self.conns.append(c)
             self.accepted.set()
 
-    def close(self):
-        self._stop = True
-        self.sock.close()
-        for c in self.conns:
-            c.close()
+    def _answer(self, c: socket.socket):
+        try:
+            c.sendall(self.NOT_FOUND)
+            c.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        c.close()
 
     def refuse(self):
-        """Answers every pull it holds with 404 (a pull gives up on that at once; a closed
-        connection it retries for seconds) and closes."""
-        self._stop = True
+        """Answers the held pulls and every later one with 404 (the pull, https first, then
+        plain http, fails at once)."""
+        with self._lock:
+            self._refusing = True
+            for c in self.conns:
+                self._answer(c)
+            self.conns.clear()
+
+    def close(self):
+        # shutdown wakes the accept() a close alone would leave listening
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
-        for c in self.conns:
-            try:
-                c.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            c.close()
+        with self._lock:
+            for c in self.conns:
+                c.close()
+            self.conns.clear()
 
 
 def test_creates_past_the_concurrency_bound_queue_and_are_refused_when_full_or_late(srv, http):
@@ -287,6 +305,7 @@ def test_a_queued_create_is_served_when_the_slot_frees(srv, http):
     def slow_create():
         with httpx.Client(base_url=srv.url, timeout=120) as c:
             first["r"] = create(c, f"127.0.0.1:{reg.port}/hang/forever:1")
+            first["at"] = time.monotonic()
 
     t = threading.Thread(target=slow_create)
     t.start()
@@ -295,7 +314,8 @@ def test_a_queued_create_is_served_when_the_slot_frees(srv, http):
         threading.Timer(1.0, reg.refuse).start()  # the slot frees while the next create waits
         t0 = time.monotonic()
         r = create(http)
-        print(f"\nthe queued create was answered after {time.monotonic() - t0:.1f} s")
+        print(f"\nthe queued create was answered after {time.monotonic() - t0:.1f} s; the held one "
+              f"{first.get('at', float('nan')) - t0:.1f} s: {first.get('r') and first['r'].text}")
         assert r.status_code == 202, r.text
         http.delete(f"/v1/sandboxes/{r.json()['id']}")
     finally:
