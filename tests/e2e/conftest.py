@@ -258,6 +258,11 @@ def _start_server(tmp_path_factory, name: str, archives: list[str], env: dict[st
         )
     if prefix:  # run as another user: the checkout may be private (e.g. under /root)
         binary = binary_for_others(binary)
+    args = list(args or [])
+    if "--backend" not in args:
+        # The suite's backend, not `auto`: on a host with hardware virtualization (the KVM test
+        # host of tests/cgroupv2) auto would pick vm for an ns run.
+        args += ["--backend", SUITE_BACKEND]
     base = tmp_path_factory.mktemp(name)
     data_dir = make_data_dir(name)
     if data_owner is not None:
