@@ -29,7 +29,7 @@ from opensandbox.exceptions import SandboxApiException
 from opensandbox.sync import SandboxManagerSync
 from opensandbox.sync.sandbox import SandboxSync
 
-from conftest import _make_conn, _start_server, pvisor_bin
+from conftest import SUITE_BACKEND, _make_conn, _start_server, pvisor_bin
 from e2e_util import BUSYBOX, dataplane, run, sh, wait_until
 
 SMALL = {"cpu": "1", "memory": "128Mi"}
@@ -498,7 +498,7 @@ from test_nonroot import as_user, delegated  # noqa: E402,F401 - the fixture (a 
 def _serve_as(pw, groups, data: Path, port: int, log, import_first: bool) -> subprocess.Popen:
     binary = pvisor_bin()
     imp = f"{binary} image import {Path(os.environ.get('PVISOR_TEST_IMAGES', '/var/cache/pvisor/test-images')) / 'busybox.tar'} --data-dir {data} && " if import_first else ""
-    user_cmd = f"{imp}exec {binary} serve --listen 127.0.0.1:{port} --data-dir {data} --warm-workers 1"
+    user_cmd = f"{imp}exec {binary} serve --backend {SUITE_BACKEND} --listen 127.0.0.1:{port} --data-dir {data} --warm-workers 1"
     return subprocess.Popen(
         as_user(pw, groups, user_cmd),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

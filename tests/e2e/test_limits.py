@@ -17,7 +17,7 @@ import pytest
 from opensandbox.exceptions import SandboxApiException
 from opensandbox.sync.sandbox import SandboxSync
 
-from conftest import _make_conn, free_port, images_dir, pvisor_bin
+from conftest import SUITE_BACKEND, _make_conn, free_port, images_dir, pvisor_bin
 from e2e_util import BUSYBOX, PYTHON, SMALL, assert_error_json, run, sh, stderr_text, stdout_text, wait_healthy
 from test_nonroot import as_user, delegated  # noqa: F401 (fixture)
 
@@ -262,7 +262,7 @@ def test_unprivileged_broker_bounds_tmp_and_refuses_a_disk_bound(delegated, tmp_
     port = free_port()
     user_cmd = (
         f"{binary} image import {images_dir() / 'busybox.tar'} --data-dir {data} && "
-        f"exec {binary} serve --listen 127.0.0.1:{port} --data-dir {data}"
+        f"exec {binary} serve --backend {SUITE_BACKEND} --listen 127.0.0.1:{port} --data-dir {data}"
     )
     log_path = tmp_path / "server.log"
     log = open(log_path, "wb")

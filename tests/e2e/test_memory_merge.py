@@ -251,7 +251,7 @@ def test_an_unprivileged_broker_leaves_the_hosts_ksm_alone_and_says_so(delegated
     binary = binary_for_others(pvisor_bin())
     archive = for_others(images_dir() / "busybox.tar")
     port = free_port()
-    user_cmd = (f"{binary} image import {archive} --data-dir {data} && exec {binary} serve --listen 127.0.0.1:{port} "
+    user_cmd = (f"{binary} image import {archive} --data-dir {data} && exec {binary} serve --backend {SUITE_BACKEND} --listen 127.0.0.1:{port} "
                 f"--data-dir {data} --memory-merge --stop-sandboxes-on-exit")
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from opensandbox.sync.sandbox import SandboxSync
 
-from conftest import _make_conn, free_port, images_dir, pvisor_bin
+from conftest import SUITE_BACKEND, _make_conn, free_port, images_dir, pvisor_bin
 from e2e_util import wait_healthy
 from user_files import binary_for_others, for_others
 
@@ -152,7 +152,7 @@ def test_unprivileged_broker_serves_sandboxes(delegated, tmp_path):
     port = free_port()
     user_cmd = (
         f"{binary} image import {archive} --data-dir {data} && "
-        f"exec {binary} serve --listen 127.0.0.1:{port} --data-dir {data}"
+        f"exec {binary} serve --backend {SUITE_BACKEND} --listen 127.0.0.1:{port} --data-dir {data}"
     )
     log = open(tmp_path / "server.log", "wb")
     proc = subprocess.Popen(

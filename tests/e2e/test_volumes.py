@@ -22,7 +22,7 @@ import pytest
 from opensandbox.exceptions import SandboxApiException
 from opensandbox.models.sandboxes import PVC, Host, Volume
 
-from conftest import SandboxFactory, _make_conn, _start_server, free_port, images_dir, pvisor_bin
+from conftest import SUITE_BACKEND, SandboxFactory, _make_conn, _start_server, free_port, images_dir, pvisor_bin
 from e2e_util import BUSYBOX, DEBIAN, SMALL, list_all_ids, run, sh, stdout_text, wait_healthy, wait_until
 
 MARKER = "opensandbox-e2e-marker"
@@ -329,7 +329,7 @@ def test_unprivileged_broker_volumes(delegated, tmp_path):  # noqa: F811
         port = free_port()
         user_cmd = (
             f"{binary} image import {images_dir() / 'busybox.tar'} --data-dir {data} && "
-            f"exec {binary} serve --listen 127.0.0.1:{port} --data-dir {data} --allow-host-path {allowed}"
+            f"exec {binary} serve --backend {SUITE_BACKEND} --listen 127.0.0.1:{port} --data-dir {data} --allow-host-path {allowed}"
         )
         log = open(tmp_path / "server.log", "wb")
         proc = subprocess.Popen(
