@@ -88,6 +88,9 @@ cmdline=(
     console=ttyS0 reboot=t panic=-1 quiet
     root=/dev/root rootfstype=9p "rootflags=trans=virtio,version=9p2000.L,msize=524288,cache=loose" ro
     "init=$INIT" cgroup_no_v1=all
+    # TCG keeps one TSC for all vCPUs, but its boot-time sync check can fail and
+    # leave the host on jiffies: no KVM_CLOCK_REALTIME, tick-grained timers.
+    tsc=reliable
 )
 qemu=(
     qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -smp "$CPUS" -m "$MEMORY"

@@ -72,7 +72,7 @@ fn guest_init() -> &'static Path {
         let target = exe.ancestors().nth(3).expect("target dir").join("guest-init");
         let triple = "x86_64-unknown-linux-gnu";
         run(Command::new(env!("CARGO"))
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .current_dir(pvisor_testkit::manifest_dir(env!("CARGO_MANIFEST_DIR")))
             .args(["build", "--offline", "--locked", "-p", "pvisor-agent", "--bin", "pvisor-agent", "--target", triple])
             .env("CARGO_TARGET_DIR", &target)
             .env("RUSTFLAGS", "-C target-feature=+crt-static"));

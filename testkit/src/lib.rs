@@ -51,3 +51,11 @@ pub fn require_root(why: &str) -> bool {
     }
     root
 }
+
+/// The crate's source directory: `CARGO_MANIFEST_DIR` at run time (cargo sets it for the test
+/// binaries it runs; a runner that starts a binary itself sets it too), else `compiled`, the
+/// value baked in at build time. A shared target directory can hand one checkout's test binary
+/// to another, so the build-time path may name a checkout that is gone.
+pub fn manifest_dir(compiled: &str) -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(compiled), PathBuf::from)
+}

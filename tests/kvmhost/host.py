@@ -70,9 +70,11 @@ def run(argv: list[str], env: dict[str, str] | None = None, shares: list[Path] |
 
 
 def pytest(tests: list[str], env: dict[str, str], timeout: float = 3600, before: str = "",
-           memory_mib: int | None = None) -> Outcome:
+           memory_mib: int | None = None, per_test: float = 900) -> Outcome:
     """Runs pytest on `tests` (ids relative to the checkout) in a fresh test host with `env`
-    added to this process's; `before` is a shell line run first (its output comes back too)."""
+    added to this process's; `before` is a shell line run first (its output comes back too).
+    A test that runs past `per_test` seconds fails there (pytest-timeout) and the run goes on:
+    one hung call must not cost the lane every test after it."""
     python = os.environ.get("PVISOR_PYTHON", sys.executable)
     results = Path(tempfile.mkdtemp(prefix="pvisor-kvm-host-results-"))
     try:
@@ -81,6 +83,7 @@ def pytest(tests: list[str], env: dict[str, str], timeout: float = 3600, before:
             "cd", shlex.quote(str(REPO)), "&&", before or ":", "&&",
             "exec", shlex.quote(python), "-m", "pytest", "-v", "-p", "no:cacheprovider",
             "-o", "junit_family=xunit2", f"--junitxml={shlex.quote(str(junit))}",
+            f"--timeout={int(per_test)}", "--timeout-method=signal",
             *(shlex.quote(t) for t in tests),
         ])
         env = {"PYTHONDONTWRITEBYTECODE": "1", "PVISOR_E2E_DEADLINE_SCALE": str(DEADLINE_SCALE),

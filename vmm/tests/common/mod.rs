@@ -15,7 +15,7 @@ use pvisor_vmm::bus::BusDevice;
 use pvisor_vmm::{VmBuilder, VmConfig, VmExit};
 
 fn guests_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/guests")
+    pvisor_testkit::manifest_dir(env!("CARGO_MANIFEST_DIR")).join("tests/guests")
 }
 
 fn run_tool(cmd: &mut Command) {

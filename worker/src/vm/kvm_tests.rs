@@ -13,7 +13,7 @@ use std::process::Command;
 
 /// Assembles and links the counting guest into `dir`.
 fn guest(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vmm/tests/guests");
+    let src = pvisor_testkit::manifest_dir(env!("CARGO_MANIFEST_DIR")).join("../vmm/tests/guests");
     let (obj, elf) = (dir.join("pvhcount.o"), dir.join("pvhcount.elf"));
     let steps = [
         Command::new("as").arg("--64").arg("-I").arg(&src).arg("-o").arg(&obj).arg(src.join("pvhcount.S")).output(),
