@@ -125,6 +125,10 @@ def _test_executables() -> dict[str, str]:
     return exes
 
 
+# Seconds one VMM test binary may take in the host (they take 1-20 s; one hung in a gate run).
+BINARY_DEADLINE = 240
+
+
 @pytest.fixture(scope="module")
 def vmm_guests(ready):
     exes = _test_executables()
@@ -132,14 +136,19 @@ def vmm_guests(ready):
     assert not missing, f"no test executable for {missing}"
     # Run directly, not by cargo: each binary is told its crate's directory (its guests' sources),
     # as the build-time one may be another checkout's that shared the target directory.
+    # Each binary has BINARY_DEADLINE seconds (a hung one is killed, says so, and the next runs).
     vmm, worker = shlex.quote(str(REPO / "vmm")), shlex.quote(str(REPO / "worker"))
-    runs = [(t, f"CARGO_MANIFEST_DIR={vmm} {exes[t]} --test-threads=1") for t in VMM_TESTS]
+    bound = f"timeout -k 10 {BINARY_DEADLINE}"
+    runs = [(t, f"CARGO_MANIFEST_DIR={vmm} {bound} {exes[t]} --test-threads=1") for t in VMM_TESTS]
     # The worker's engine with the whole device set on a counting PVH guest.
-    runs.append(("worker vm::kvm", f"CARGO_MANIFEST_DIR={worker} {exes['pvisor_worker_lib']} --test-threads=1 vm::kvm"))
+    runs.append(("worker vm::kvm",
+                 f"CARGO_MANIFEST_DIR={worker} {bound} {exes['pvisor_worker_lib']} --test-threads=1 vm::kvm"))
     # A binary that fails runs once more (its first output stays in the record, and the test
     # warns): one of six snapshot tests failed once in five runs under the emulated host.
-    lines = [f"echo '== {t}'; {cmd} 2>&1 || {{ echo '== {t} (again)'; {cmd} 2>&1; }}" for t, cmd in runs]
-    o = host.run(["bash", "-c", "; ".join(lines)], timeout=1800)
+    status = "echo \"-- exit status $? (124: killed after the deadline)\""
+    lines = [f"echo '== {t}'; {cmd} 2>&1 || {{ {status}; echo '== {t} (again)'; {cmd} 2>&1 || {status}; }}"
+             for t, cmd in runs]
+    o = host.run(["bash", "-c", "; ".join(lines)], timeout=2400)
     print(o.output[-20000:])
     return o
 
