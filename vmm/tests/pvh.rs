@@ -13,7 +13,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 /// Assembles and links the PVH guest into an ELF file.
 fn pvh_kernel() -> std::fs::File {
-    let dir = pvisor_testkit::manifest_dir(env!("CARGO_MANIFEST_DIR")).join("tests/guests");
+    let dir = common::guests_dir();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("pvh-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
     let (obj, elf) = (out.join("pvh.o"), out.join("pvh.elf"));
@@ -74,7 +74,7 @@ fn pvh_boot_writes_start_info_and_enters_the_kernel() {
 fn a_kernel_without_a_pvh_note_is_refused() {
     common::require_kvm();
     // The flat test guests' objects are ELF files without the note.
-    let dir = pvisor_testkit::manifest_dir(env!("CARGO_MANIFEST_DIR")).join("tests/guests");
+    let dir = common::guests_dir();
     let obj = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("nonote-{}.o", std::process::id()));
     let out = Command::new("as")
         .arg("--64")

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use pvisor_vmm::bus::BusDevice;
 use pvisor_vmm::{VmBuilder, VmConfig, VmExit};
 
-fn guests_dir() -> PathBuf {
+/// The test guests' sources (`tests/guests`).
+pub fn guests_dir() -> PathBuf {
     pvisor_testkit::manifest_dir(env!("CARGO_MANIFEST_DIR")).join("tests/guests")
 }
 
