@@ -28,6 +28,14 @@ fi
 for b in pvisor pvisor-worker pvisor-imaged pvisor-agent pvisor-netd; do
     [ -x "$DIST/$b" ] || { echo "$DIST/$b is missing: run scripts/common.sh build first" >&2; exit 1; }
 done
+# broker/Cargo.toml names target/dist; where the checkout keeps its binaries under the cache
+# (a checkout other users cannot reach, scripts/common.sh), they are copied there for cargo-deb.
+if [ "$DIST" != "$REPO/target/dist" ]; then
+    mkdir -p "$REPO/target/dist"
+    for b in pvisor pvisor-worker pvisor-imaged pvisor-agent pvisor-netd; do
+        cp -f "$DIST/$b" "$REPO/target/dist/$b"
+    done
+fi
 log "Debian package (cargo deb, into $OUT)"
 mkdir -p "$OUT"
 deb=$(cd "$REPO" && "$DEB_BIN/cargo-deb" --no-build --locked -p pvisor --output "$OUT" | tail -n 1)
