@@ -86,6 +86,18 @@ fn console_text(console: &pvisor_vmm::devices::console::SharedConsole) -> String
     String::from_utf8_lossy(&console.lock().unwrap().contents()).into_owned()
 }
 
+/// Runs `vm` on a thread of its own; how it ended goes to the test's output unless another
+/// thread stopped it (a clone that ended early says why, not only that it did).
+fn run_in_thread(vm: Vm) -> std::thread::JoinHandle<VmExit> {
+    std::thread::spawn(move || {
+        let exit = vm.run();
+        if exit != VmExit::Stopped {
+            println!("the VM ended: {exit:?}");
+        }
+        exit
+    })
+}
+
 /// Waits until `console` has step `n` complete.
 fn wait_for_step(
     console: &pvisor_vmm::devices::console::SharedConsole,
@@ -148,7 +160,7 @@ fn start_clone(paths: &SnapshotPaths) -> Restored {
     assert!(vm.refused_msrs().is_empty(), "KVM refused MSRs of the snapshot: {:x?}", vm.refused_msrs());
     let (generation, seed) = vm.clone_identity();
     let (handle, console, ram) = (vm.handle(), vm.console(), ram_addr(&vm));
-    let runner = std::thread::spawn(move || vm.run());
+    let runner = run_in_thread(vm);
     Restored { handle, console, runner, ram, seed, generation }
 }
 
@@ -169,7 +181,7 @@ fn two_clones_continue_from_the_snapshot_with_fresh_seeds_and_shared_pages() {
     let snapshotter = vm.snapshotter().expect("the snapcount VM can be snapshotted");
     let (handle, console) = (vm.handle(), vm.console());
     let (_, boot_seed) = vm.clone_identity();
-    let original = std::thread::spawn(move || vm.run());
+    let original = run_in_thread(vm);
     wait_for_step(&console, 300, &original);
 
     // Pause, note what it printed, snapshot it while paused; it stays paused.
@@ -377,7 +389,7 @@ fn a_clone_continues_a_virtio_blk_queue_from_the_snapshot() {
     let snapshotter = vm.snapshotter().expect("a VM with a virtio-blk transport can be snapshotted");
     let (handle, console) = (vm.handle(), vm.console());
     let devices = events.spawn("virtio-dev").unwrap();
-    let original = std::thread::spawn(move || vm.run());
+    let original = run_in_thread(vm);
     wait_for_read(&console, 40, &original);
     handle.pause().unwrap();
     let before = console_text(&console);
@@ -397,7 +409,7 @@ fn a_clone_continues_a_virtio_blk_queue_from_the_snapshot() {
     }
     let (handle, console) = (vm.handle(), vm.console());
     let devices = events.spawn("virtio-dev").unwrap();
-    let clone = std::thread::spawn(move || vm.run());
+    let clone = run_in_thread(vm);
     let target = at_snapshot + 40;
     wait_for_read(&console, target, &clone);
     handle.stop();
@@ -453,7 +465,7 @@ fn a_two_vcpu_vm_and_a_clone_of_a_clone_keep_counting() {
     let vm = builder.build().unwrap();
     let snapshotter = vm.snapshotter().unwrap();
     let (handle, memory) = (vm.handle(), vm.memory().clone());
-    let runner = std::thread::spawn(move || vm.run());
+    let runner = run_in_thread(vm);
     wait_counter_above(&memory, 1000);
     handle.pause().unwrap();
     let at_first = counter(&memory);
@@ -511,7 +523,7 @@ fn a_vm_with_mergeable_ram_snapshots_and_its_clone_continues() {
     assert!(vm_flags_of(ram_addr(&vm)).split_whitespace().any(|f| f == "mg"), "booted RAM is MADV_MERGEABLE");
     let snapshotter = vm.snapshotter().expect("a VM with anonymous RAM can be snapshotted");
     let (handle, console) = (vm.handle(), vm.console());
-    let original = std::thread::spawn(move || vm.run());
+    let original = run_in_thread(vm);
     wait_for_step(&console, 300, &original);
     handle.pause().unwrap();
     let before = console_text(&console);
@@ -530,7 +542,7 @@ fn a_vm_with_mergeable_ram_snapshots_and_its_clone_continues() {
     assert!(vm_flags_of(ram_addr(&vm)).split_whitespace().any(|f| f == "mg"), "restored RAM marked mergeable");
     let (handle, console) = (vm.handle(), vm.console());
     let (_, seed) = vm.clone_identity();
-    let runner = std::thread::spawn(move || vm.run());
+    let runner = run_in_thread(vm);
     let target = at_snapshot.last_step + 300;
     wait_for_step(&console, target, &runner);
     handle.pause().unwrap();
