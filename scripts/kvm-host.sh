@@ -98,7 +98,8 @@ cmdline=(
     # kernels took page faults on mapped memory at random points of their boot (a triple
     # fault, a hang before the first console line, an oops; about half of the boots in a
     # create/delete loop), and one such fault was taken by this host's kernel instead
-    # (a panic in svm_vcpu_run). With npt=0: 12 of 12 boots, and the lane below.
+    # (a panic in svm_vcpu_run). With npt=0: 12 of 12 boots in that loop, and the vm lane
+    # passed (tests/kvmhost/README.md).
     kvm_amd.npt=0
 )
 # shellcheck disable=SC2206 # words on purpose

@@ -25,14 +25,15 @@ if [ ! -x "$DEB_BIN/cargo-deb" ]; then
         --version "$CARGO_DEB_VERSION" --root "${DEB_BIN%/bin}"
 fi
 [ "${1:-}" = --no-build ] || build
-for b in pvisor pvisor-worker pvisor-imaged pvisor-agent pvisor-netd; do
+BINARIES=(pvisor pvisor-worker pvisor-imaged pvisor-agent pvisor-netd)
+for b in "${BINARIES[@]}"; do
     [ -x "$DIST/$b" ] || { echo "$DIST/$b is missing: run scripts/common.sh build first" >&2; exit 1; }
 done
 # broker/Cargo.toml names target/dist; where the checkout keeps its binaries under the cache
 # (a checkout other users cannot reach, scripts/common.sh), they are copied there for cargo-deb.
 if [ "$DIST" != "$REPO/target/dist" ]; then
     mkdir -p "$REPO/target/dist"
-    for b in pvisor pvisor-worker pvisor-imaged pvisor-agent pvisor-netd; do
+    for b in "${BINARIES[@]}"; do
         cp -f "$DIST/$b" "$REPO/target/dist/$b"
     done
 fi

@@ -33,7 +33,7 @@ from opensandbox.config import ConnectionConfigSync
 from opensandbox.exceptions import SandboxApiException
 from opensandbox.sync import SandboxManagerSync, SandboxSync
 
-from e2e_util import BUSYBOX, REPO_ROOT, SMALL
+from e2e_util import BUSYBOX, DEADLINE_SCALE, REPO_ROOT, SMALL
 from user_files import binary_for_others, for_others
 
 # The SDK logs every failed call at ERROR with a traceback; polling loops make that
@@ -286,13 +286,9 @@ def make_data_dir(name: str, mode: int = 0o755) -> Path:
     return d
 
 
-# Slow emulated hosts (the KVM test host runs everything under TCG) scale every deadline.
-DEADLINE_SCALE = float(os.environ.get("PVISOR_E2E_DEADLINE_SCALE", "1"))
-
-
 def _make_conn(addr: str, **kw) -> ConnectionConfigSync:
-    # Scaled too: a create that fails slowly there must get the broker's reason back, not the
-    # SDK's own timeout.
+    # Scaled too: a create that fails slowly on an emulated host must get the broker's reason
+    # back, not the SDK's own timeout.
     return ConnectionConfigSync(
         domain=addr, protocol="http", request_timeout=timedelta(seconds=60 * DEADLINE_SCALE), **kw
     )

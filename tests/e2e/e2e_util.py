@@ -24,6 +24,9 @@ TOOLS = "pvisor/python-tools:latest"
 
 # What every sandbox of the suite asks for unless a test says otherwise.
 SMALL = {"cpu": "1", "memory": "512Mi"}
+# Multiplies every deadline of the suite, for slow emulated hosts (the KVM test host runs
+# everything under TCG).
+DEADLINE_SCALE = float(os.environ.get("PVISOR_E2E_DEADLINE_SCALE", "1"))
 
 # Lists the command line of every process visible in the sandbox, one per line
 # (works with busybox and procps alike).
@@ -155,7 +158,7 @@ def wait_healthy(port: int, proc, why: Callable[[], str], timeout: float = 30) -
     """Waits until the server on `port` answers /health; fails with `why()`
     if its process `proc` exits first or the timeout passes (scaled by
     PVISOR_E2E_DEADLINE_SCALE, for slow emulated guests)."""
-    deadline = time.monotonic() + timeout * float(os.environ.get("PVISOR_E2E_DEADLINE_SCALE", "1"))
+    deadline = time.monotonic() + timeout * DEADLINE_SCALE
     while True:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
