@@ -46,15 +46,9 @@ log "private test internet (tests/networld): unit tests, set-up, every server fr
 log "cgroup v2 host: the e2e subset in the KVM test host, a pure cgroup v2 host (tests/cgroupv2)"
 PVISOR_TEST_STRICT=1 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q \
     -p no:cacheprovider tests/cgroupv2
-# The vm lane is opt-in until the nested host is stable under it: in 2 of its last 3 runs the
-# emulated host's kernel (KVM under QEMU TCG) hung or crashed in svm_vcpu_run (tests/kvmhost/README.md).
-if [ "${PVISOR_TEST_KVMHOST:-0}" = 1 ]; then
-    log "vm backend for real: the project's own VMM boots Linux guests in the KVM test host (tests/kvmhost)"
-    PVISOR_TEST_STRICT=1 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q \
-        -p no:cacheprovider tests/kvmhost
-else
-    log "SKIPPED: the vm lane in the KVM test host (tests/kvmhost; PVISOR_TEST_KVMHOST=1 runs it, ~15 min)"
-fi
+log "vm backend for real: the project's own VMM boots Linux guests in the KVM test host (tests/kvmhost)"
+PVISOR_TEST_STRICT=1 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES "$VENV/bin/python" -m pytest -q \
+    -p no:cacheprovider tests/kvmhost
 log "network suite (official SDK, private internet; root and unprivileged broker)"
 PVISOR_BIN=$DIST/pvisor PVISOR_TEST_IMAGES=$TEST_IMAGES PVISOR_NETWORLD_KEEP=1 "$VENV/bin/python" -m pytest -q \
     -p no:cacheprovider tests/e2e/test_network.py

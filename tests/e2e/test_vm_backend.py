@@ -316,7 +316,7 @@ def test_the_whole_suite_on_the_project_s_own_vmm():
     under the project's own VMM (engine kvm)."""
     if not hardware_virtualization():
         pytest.skip("no hardware virtualization here (KVM is PVM or absent): the vm suite runs under the "
-                    "project's own VMM in the KVM test host instead (tests/kvmhost: a subset with PVISOR_TEST_KVMHOST=1; all of it "
+                    "project's own VMM in the KVM test host instead (tests/kvmhost: a subset in scripts/test.sh; all of it "
                     "with scripts/vm-suite.sh)")
     if os.environ.get("PVISOR_E2E_BACKEND") == "vm":
         pytest.skip("this run already is the vm run")
