@@ -267,6 +267,7 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         },
     };
     let image_id = record.id.clone();
+    let t_resolved = started.elapsed();
     let c = ctx.clone();
     let root = tokio::task::spawn_blocking(move || c.rootfs(backend).root(&record))
         .await
@@ -299,7 +300,9 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         vm_restore: vm_restore.map(|(_, files)| files).or(template_clone),
         vm_capture,
     };
+    let t_prepared = started.elapsed();
     let launched = launch::launch(&ctx, &spec).await;
+    let t_launched = started.elapsed();
     let captured =
         launched.as_ref().map(|(_, _, r)| (r.template_cmdline.clone(), r.template_capture_us)).unwrap_or_default();
     if let Some(t) = &ctx.templates {
@@ -336,6 +339,8 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
     launch::monitor(ctx.clone(), entry.clone(), child, log);
     crate::metrics::events().created(&entry.id, entry.backend_name(), started);
     tracing::info!(sandbox = %entry.id, image = %entry.image_uri, "created");
+    tracing::debug!(sandbox = %entry.id, resolved = ?t_resolved, prepared = ?t_prepared, launched = ?t_launched,
+        registered = ?started.elapsed(), "create phases (since the request)");
     let v = view(&entry);
     let resp = CreateSandboxResponse {
         id: v.id,

@@ -90,6 +90,7 @@ pub async fn launch(
     ctx: &Arc<Ctx>,
     spec: &LaunchSpec,
 ) -> Result<(Runtime, tokio::process::Child, pvisor_proto::worker::ReadyReply), ApiError> {
+    let t0 = std::time::Instant::now();
     let c = ctx.clone();
     let w = tokio::task::spawn_blocking(move || c.pool.take(&c))
         .await
@@ -118,10 +119,12 @@ pub async fn launch(
         };
         pvisor_worker::launch::send_config(config, &cfg).map_err(|e| format!("configure worker: {e}"))
     })();
+    let t_configured = t0.elapsed();
     let ready = match prepared {
         Ok(()) => wait_ready(&socket, ctx.ready_timeout).await,
         Err(e) => Err(e),
     };
+    tracing::debug!(sandbox = %spec.id, configured = ?t_configured, ready = ?t0.elapsed(), "launch");
     super::pool::Pool::refill(ctx.clone());
     match ready {
         Ok((channel, ready)) => {
