@@ -11,7 +11,8 @@
 #     scratch disk: everything is writable, and nothing written reaches this machine, except
 #   - the checkout (this script's repository), at its own path and writable through a 9p
 #     export of its own: what a command writes there (bench results) lands here;
-#   - so are the directories KVM_HOST_SHARE names (colon-separated), each at its own path;
+#   - so are the directories KVM_HOST_SHARE names (colon-separated), each at its own path, and
+#     PVISOR_CACHE, CARGO_HOME and RUSTUP_HOME when they lie below /tmp or /var/tmp (fresh here);
 #   - /var/cache/pvisor and every other directory of this machine are visible as they are;
 #   - pure cgroup v2 (`cgroup_no_v1=all`), memory/cpu/pids handed down from the root group,
 #     COMMAND in kvmhost.slice/command.scope, a group it shares (as a root shell's session
@@ -78,6 +79,14 @@ for d in "${extra[@]}"; do
     [ -n "$d" ] || continue
     [ -d "$d" ] || die "KVM_HOST_SHARE: $d is not a directory"
     shares+=("$(cd "$d" && pwd)")
+done
+# The host's /tmp and /var/tmp are fresh: caches the caller keeps below them would be hidden,
+# so they are shared too (a cold run's PVISOR_CACHE=/var/tmp/..., say).
+for var in PVISOR_CACHE CARGO_HOME RUSTUP_HOME; do
+    d=${!var:-}
+    case $d in
+        /tmp/* | /var/tmp/*) [ -d "$d" ] && shares+=("$(cd "$d" && pwd)") ;;
+    esac
 done
 printf '%s\n' "${shares[@]}" >"$JOB/shares"
 if [ -t 0 ] && [ -t 1 ]; then stty size >"$JOB/tty-size" 2>/dev/null || true; fi
