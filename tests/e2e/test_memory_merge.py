@@ -155,8 +155,10 @@ def test_identical_memory_of_four_sandboxes_merges_and_survives_unique_rewrites(
     for sb, tok in zip(boxes, tokens):
         got = wait_until(lambda: cat(sb, "/tmp/hold.unique"), 120, 0.5, "hold.unique")
         assert got == expected("ok", _fnv1a(tok), words), f"{sb.id}: {got}"
-    after = [metrics(sb)["ksm_merging_pages"] for sb in boxes]
-    assert max(after) < 0.1 * PAGES, f"unique data stays merged: {after}"
+    # A write breaks the merged page at once; the count drops when ksmd next scans the page (its
+    # old stable entry), later on a loaded host.
+    merged = lambda: [metrics(sb)["ksm_merging_pages"] for sb in boxes]  # noqa: E731
+    wait_until(lambda: max(merged()) < 0.1 * PAGES, 60, 0.5, f"unique data unmerged (merging pages: {merged()})")
 
 
 @pytest.mark.deadline(900)
