@@ -384,11 +384,12 @@ def leaks(srv) -> list[str]:
         used = {memory_group_of(p) for p in workers | ours(srv, "pvisor-imaged")}
         if groups - used:
             out.append(f"cgroups without a process: {groups - used}")
-    # Files in the run dir: each live worker's socket and log, each live image server's record and log.
+    # Files in the run dir: each live worker's socket and log (and a warm one's disk made
+    # ahead), each live image server's record and log.
     expected = set()
     for pid in workers:
         log = Path(os.readlink(f"/proc/{pid}/fd/1")).name
-        expected |= {log, log.replace(".log", ".sock")}
+        expected |= {log, log.replace(".log", ".sock")} | ({log.replace(".log", ".disk")} if pid in warm else set())
     for p in (srv.data_dir / "run").glob("imaged-*.json"):
         expected |= {p.name, p.name.replace(".json", ".log")}
     extra_files = {p.name for p in (srv.data_dir / "run").iterdir()} - expected

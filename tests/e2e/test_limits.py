@@ -18,7 +18,7 @@ from opensandbox.exceptions import SandboxApiException
 from opensandbox.sync.sandbox import SandboxSync
 
 from conftest import SUITE_BACKEND, _make_conn, free_port, images_dir, pvisor_bin
-from e2e_util import BUSYBOX, PYTHON, SMALL, assert_error_json, run, sh, stderr_text, stdout_text, wait_healthy
+from e2e_util import BUSYBOX, PYTHON, SMALL, assert_error_json, run, sh, stderr_text, stdout_text, wait_healthy, wait_until
 from test_nonroot import as_user, delegated  # noqa: F401 (fixture)
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="disk bounds and per-sandbox owners need a root broker")
@@ -69,6 +69,33 @@ def test_df_shows_the_sandboxes_own_size(sandbox):
     # The server's default bound (--disk-limit 10Gi) when the create names none.
     default = sandbox(BUSYBOX)
     assert 0.9 * 10 * (1 << 20) <= df_kib(default, "/") <= 10 * (1 << 20)
+
+
+def _disks_ahead(run_dir: Path) -> set[str]:
+    """Slots of the run dir whose disk a warm worker mounted ahead (`<slot>.disk/ready`)."""
+    return {p.parent.name for p in run_dir.glob("*.disk/ready")}
+
+
+@root_only
+@pytest.mark.backend("ns", why="warm workers mount an ns sandbox's disk ahead; a vm's disk is its image")
+def test_warm_workers_mount_the_default_disk_ahead_and_a_create_takes_it(sandbox, pvisor_server):
+    run_dir = pvisor_server.data_dir / "run"
+    # The two warm workers (--warm-workers' default) each hold one, marked ready.
+    wait_until(lambda: len(_disks_ahead(run_dir)) == 2, 15, what="two disks made ahead")
+    before = _disks_ahead(run_dir)
+    sb = sandbox(BUSYBOX, resource=limits())
+    # The create took one: moved to the sandbox's state dir, where it is the sandbox's disk.
+    state = pvisor_server.data_dir / "sandboxes" / sb.id
+    assert (state / "disk.ext4").is_file() and not (state / "ready").exists()
+    assert before - {p.name for p in run_dir.glob("*.disk")}, "no disk made ahead was taken"
+    assert 0.9 * 10 * (1 << 20) <= df_kib(sb, "/") <= 10 * (1 << 20)
+    sh(sb, "dd if=/dev/zero of=/f bs=1M count=8 2>/dev/null && sync && rm /f")
+    # A create with another bound makes its own disk, and the one ahead goes: only the
+    # refilled warm workers' disks are left.
+    other = sandbox(BUSYBOX, resource=limits("128Mi"))
+    assert 0.9 * 128 * 1024 <= df_kib(other, "/") <= 128 * 1024
+    wait_until(lambda: len(list(run_dir.glob("*.disk"))) == 2 and len(_disks_ahead(run_dir)) == 2, 15,
+               what="only the warm workers' disks left")
 
 
 @root_only

@@ -1,5 +1,6 @@
-//! What the broker tells a worker: `pvisor.worker.v1.WorkerConfig`, one
-//! encoded proto message on the configuration pipe ([`crate::launch::CONFIG_FD`]).
+//! What the broker tells a worker: `pvisor.worker.v1.WorkerConfig` on the
+//! configuration pipe ([`crate::launch::CONFIG_FD`]), in a length-delimited
+//! `PipeMessage`, after at most one `Ahead` (work a warm worker does first).
 //! Common fields plus the backend's own part (`ns` or `vm`), so a field renamed
 //! on one side is a compile error on the other, not a silent default.
 //!
@@ -8,8 +9,9 @@
 use crate::cgroup::GroupPaths;
 use crate::error::{Result, WorkerError};
 use pvisor_proto::worker as pb;
+pub use pvisor_proto::worker::pipe_message::Kind as PipeKind;
 pub use pvisor_proto::worker::worker_config::Backend as BackendConfig;
-pub use pvisor_proto::worker::{ImageDisk, NsConfig, TemplateCapture, VmConfig, VmEngine, Volume, WorkerConfig};
+pub use pvisor_proto::worker::{Ahead, ImageDisk, NsConfig, TemplateCapture, VmConfig, VmEngine, Volume, WorkerConfig};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -144,6 +146,9 @@ pub struct Common {
     pub cgroup: Option<GroupPaths>,
     pub limits: Limits,
     pub hostname: String,
+    /// ns: the disk template whose copy this warm worker mounted ahead
+    /// ([`Ahead`]); set by the worker, not by the configuration.
+    pub disk_ahead: Option<crate::ns::disk_ahead::Mounted>,
 }
 
 impl Common {
@@ -157,13 +162,13 @@ impl Common {
             cgroup: cfg.cgroup.as_ref().map(GroupPaths::from),
             limits: limits.into(),
             hostname: cfg.hostname.clone(),
+            disk_ahead: None,
         })
     }
 }
 
-/// Decodes a configuration as read from the pipe, with its checked common part.
-pub fn decode(bytes: &[u8]) -> Result<(WorkerConfig, Common)> {
-    let cfg = <WorkerConfig as prost::Message>::decode(bytes).map_err(|e| WorkerError::Config(e.to_string()))?;
+/// Checks a configuration as read from the pipe and derives its common part.
+pub fn check(cfg: WorkerConfig) -> Result<(WorkerConfig, Common)> {
     if cfg.backend.is_none() {
         return Err(WorkerError::Config("no backend part (ns or vm)".into()));
     }
@@ -171,7 +176,91 @@ pub fn decode(bytes: &[u8]) -> Result<(WorkerConfig, Common)> {
     Ok((cfg, common))
 }
 
-/// Encodes a configuration for the pipe.
+/// A configuration, framed for the pipe.
 pub fn encode(cfg: &WorkerConfig) -> Vec<u8> {
-    prost::Message::encode_to_vec(cfg)
+    frame(PipeKind::Config(cfg.clone()))
+}
+
+/// Work ahead, framed for the pipe.
+pub fn encode_ahead(ahead: &Ahead) -> Vec<u8> {
+    frame(PipeKind::Ahead(ahead.clone()))
+}
+
+fn frame(kind: PipeKind) -> Vec<u8> {
+    prost::Message::encode_length_delimited_to_vec(&pb::PipeMessage { kind: Some(kind) })
+}
+
+/// Largest message the pipe carries (a configuration is a few KiB).
+const MAX_MESSAGE: u64 = 16 << 20;
+
+/// The next message on the pipe; None at its end.
+pub fn read_message(r: &mut impl std::io::Read) -> Result<Option<PipeKind>> {
+    let bad = |what: String| WorkerError::Config(format!("configuration pipe: {what}"));
+    let (mut len, mut shift) = (0u64, 0u32);
+    loop {
+        let mut b = [0u8; 1];
+        match r.read(&mut b) {
+            Ok(0) if shift == 0 => return Ok(None),
+            Ok(0) => return Err(bad("ends inside a length".into())),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(bad(e.to_string())),
+        }
+        len |= u64::from(b[0] & 0x7f) << shift;
+        if b[0] & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+        if shift > 63 {
+            return Err(bad("length too long".into()));
+        }
+    }
+    if len > MAX_MESSAGE {
+        return Err(bad(format!("message of {len} bytes")));
+    }
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf).map_err(|e| bad(format!("reading a message of {len} bytes: {e}")))?;
+    let msg = <pb::PipeMessage as prost::Message>::decode(buf.as_slice()).map_err(|e| bad(e.to_string()))?;
+    msg.kind.map(Some).ok_or_else(|| bad("an empty message".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> WorkerConfig {
+        WorkerConfig {
+            sandbox_id: "sb".into(),
+            limits: Some(pb::Limits { cpu_millis: 1000, memory_bytes: 1 << 29, pids: 64, disk_bytes: 0 }),
+            backend: Some(BackendConfig::Ns(NsConfig::default())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_pipe_carries_ahead_then_the_config_then_ends() {
+        let ahead = Ahead { disk_template: "/t.ext4".into(), disk_dir: "/run/x.disk".into() };
+        let mut bytes = encode_ahead(&ahead);
+        bytes.extend(encode(&config()));
+        let mut r = bytes.as_slice();
+        assert_eq!(read_message(&mut r).unwrap(), Some(PipeKind::Ahead(ahead)));
+        let Some(PipeKind::Config(cfg)) = read_message(&mut r).unwrap() else { panic!("no config") };
+        let (_, common) = check(cfg).unwrap();
+        assert_eq!(common.sandbox_id, "sb");
+        assert!(common.disk_ahead.is_none());
+        assert_eq!(read_message(&mut r).unwrap(), None, "then the end");
+    }
+
+    #[test]
+    fn a_cut_or_oversized_message_is_an_error_not_a_config() {
+        let bytes = encode(&config());
+        for cut in [1, bytes.len() - 1] {
+            assert!(read_message(&mut &bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let huge = [0xff, 0xff, 0xff, 0xff, 0x7f];
+        assert!(read_message(&mut &huge[..]).is_err());
+        assert!(read_message(&mut &[0u8][..]).is_err(), "an empty message");
+        let no_backend = WorkerConfig { backend: None, ..config() };
+        assert!(check(no_backend).is_err());
+    }
 }

@@ -80,8 +80,13 @@ pub fn pass_fds<const N: usize>(cmd: &mut Command, fds: [RawFd; N]) {
     }
 }
 
-/// Hands a waiting worker its configuration (one encoded
-/// `pvisor.worker.v1.WorkerConfig`), then closes the pipe.
+/// Sends a warm worker the work to do before its configuration (the pipe stays open).
+pub fn send_ahead(config_pipe: &OwnedFd, ahead: &crate::config::Ahead) -> std::io::Result<()> {
+    std::fs::File::from(config_pipe.try_clone()?).write_all(&crate::config::encode_ahead(ahead))
+}
+
+/// Hands a waiting worker its configuration (a `pvisor.worker.v1.WorkerConfig`
+/// in a `PipeMessage`), then closes the pipe.
 pub fn send_config(config_pipe: OwnedFd, cfg: &WorkerConfig) -> std::io::Result<()> {
     std::fs::File::from(config_pipe).write_all(&crate::config::encode(cfg))
 }

@@ -49,20 +49,40 @@ fn join_cgroup() -> Option<GroupPaths> {
     }
 }
 
-/// Waits for the configuration on [`CONFIG_FD`]. Returns None when the pipe
-/// closes empty (the broker retired this warm worker).
+/// Waits for the configuration on [`CONFIG_FD`], doing the work asked
+/// ahead of it meanwhile. Returns None when the pipe closes without one (the
+/// broker retired this warm worker).
 fn wait_config() -> Option<(WorkerConfig, Common)> {
     // SAFETY: the broker passed the read end of the config pipe at CONFIG_FD;
     // nothing else in this process owns it.
     let mut pipe = unsafe { std::fs::File::from_raw_fd(CONFIG_FD) };
-    let mut bytes = Vec::new();
-    if let Err(e) = std::io::Read::read_to_end(&mut pipe, &mut bytes) {
-        fail(format!("reading configuration: {e}"));
+    let mut disk_ahead: Option<pvisor_worker::ns::disk_ahead::Mounted> = None;
+    loop {
+        match config::read_message(&mut pipe).unwrap_or_else(|e| fail(e)) {
+            None => {
+                if let Some(d) = disk_ahead {
+                    d.discard();
+                }
+                return None;
+            }
+            Some(config::PipeKind::Ahead(a)) => disk_ahead = pvisor_worker::ns::disk_ahead::ahead(&a),
+            Some(config::PipeKind::Config(cfg)) => {
+                let (cfg, mut common) = config::check(cfg).unwrap_or_else(|e| fail(e));
+                // Kept only for an ns sandbox with a disk of its template; else
+                // dropped now, with its loop device and file system.
+                common.disk_ahead = disk_ahead.and_then(|d| match &cfg.backend {
+                    Some(config::BackendConfig::Ns(ns)) if std::path::Path::new(&ns.disk_template) == d.template => {
+                        Some(d)
+                    }
+                    _ => {
+                        d.discard();
+                        None
+                    }
+                });
+                return Some((cfg, common));
+            }
+        }
     }
-    if bytes.is_empty() {
-        return None;
-    }
-    Some(config::decode(&bytes).unwrap_or_else(|e| fail(e)))
 }
 
 /// Hands the sandbox's link to its netd (`netd` is None when the
@@ -183,12 +203,7 @@ fn main() {
     // Started before the configuration arrives, so a create does not wait
     // for it; a configuration without `net` drops it.
     let netd = Netd::spawn(group.as_ref());
-    let Some((cfg, common)) = wait_config() else { return };
-    // Cosmetic: a worker whose title cannot be set still runs its sandbox.
-    let title = pvisor_worker::title::set(&pvisor_worker::title::of_sandbox(&common.sandbox_id));
-    // Loopback only: the idle netd is killed and reaped.
-    let netd = cfg.net.is_some().then_some(netd);
-    let t0 = Instant::now();
+    // Before the configuration too: the work done ahead of it logs.
     tracing_subscriber::fmt()
         // virtio-queue logs an error per bad notify: a guest could fill the
         // host's disk through this log, so it stays silent.
@@ -199,6 +214,12 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+    let Some((cfg, common)) = wait_config() else { return };
+    // Cosmetic: a worker whose title cannot be set still runs its sandbox.
+    let title = pvisor_worker::title::set(&pvisor_worker::title::of_sandbox(&common.sandbox_id));
+    // Loopback only: the idle netd is killed and reaped.
+    let netd = cfg.net.is_some().then_some(netd);
+    let t0 = Instant::now();
     if let Err(e) = title {
         tracing::warn!(sandbox = %common.sandbox_id, "process title: {e}");
     }

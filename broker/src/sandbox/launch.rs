@@ -97,9 +97,20 @@ pub async fn launch(
         .map_err(|e| start_failed(e.to_string()))?
         .map_err(start_failed)?;
     let state_dir = ctx.sandboxes_dir.join(&spec.id);
-    let WarmWorker { mut child, socket, log, lifeline, config, cgroup } = w;
+    let WarmWorker { mut child, socket, log, lifeline, config, cgroup, disk_ahead } = w;
     let prepared = (|| -> Result<(), String> {
-        std::fs::create_dir_all(&state_dir).map_err(|e| format!("sandbox dir: {e}"))?;
+        // The state dir: the worker's disk made ahead, moved, where it is this sandbox's.
+        let taken = match (&disk_ahead, &spec.root) {
+            (Some(d), RootFs::Tree(_)) => d.take(ctx.disks.template(spec.limits.disk_bytes)?.as_deref(), &state_dir),
+            _ => false,
+        };
+        if !taken {
+            std::fs::create_dir_all(&state_dir).map_err(|e| format!("sandbox dir: {e}"))?;
+            if let Some(d) = disk_ahead {
+                // Not on the create's path (the worker drops its file system).
+                tokio::task::spawn_blocking(move || d.remove());
+            }
+        }
         if let Some(g) = &cgroup {
             g.set_limits(&group_limits(ctx, spec)).map_err(|e| e.to_string())?;
         }

@@ -20,6 +20,49 @@ pub struct WarmWorker {
     /// Write end of the worker's configuration pipe.
     pub config: OwnedFd,
     pub cgroup: Option<GroupPaths>,
+    /// The disk this worker mounts ahead, if asked (see [`DiskAhead`]).
+    pub disk_ahead: Option<DiskAhead>,
+}
+
+/// An ns sandbox's disk that a warm worker copies, attaches and mounts
+/// (detached) before it has a sandbox (`pvisor_worker::ns::disk_ahead`): the
+/// default bound's template, in `<run>/<slot>.disk`. A create with that
+/// template that finds it ready renames the directory to its state dir
+/// ([`DiskAhead::take`]) and the worker attaches the mount there.
+#[derive(Debug, Clone)]
+pub struct DiskAhead {
+    pub template: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl DiskAhead {
+    /// What a warm worker of `ctx` mounts ahead: the default bound's disk,
+    /// when the default backend is ns and this server bounds disks.
+    fn of(ctx: &Ctx, slot: &str) -> Option<DiskAhead> {
+        if ctx.default_backend != pvisor_worker::config::BackendKind::Ns {
+            return None;
+        }
+        let template = ctx.disks.template(ctx.default_limits.disk_bytes).ok()??;
+        Some(DiskAhead { template, dir: ctx.run_dir.join(format!("{slot}.disk")) })
+    }
+
+    /// Moves the disk to `state_dir` (which must not exist) if it is ready and
+    /// of `template`; false if the create must make its own.
+    pub fn take(&self, template: Option<&std::path::Path>, state_dir: &std::path::Path) -> bool {
+        template == Some(self.template.as_path())
+            && self.dir.join(pvisor_worker::ns::disk::READY).exists()
+            && std::fs::rename(&self.dir, state_dir).is_ok()
+    }
+
+    /// Removes it (not taken, or its worker is gone): only the image and the
+    /// mark are here; the file system is the worker's (an fd, mounted nowhere).
+    pub fn remove(&self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %self.dir.display(), "disk made ahead: {e}");
+            }
+        }
+    }
 }
 
 /// Files and groups of a worker, released when it is discarded or torn down.
@@ -46,6 +89,7 @@ impl WarmWorker {
         };
         let socket = ctx.run_dir.join(format!("{slot}.sock"));
         let log = ctx.run_dir.join(format!("{slot}.log"));
+        let disk_ahead = DiskAhead::of(ctx, &slot);
         let r = (|| -> Result<WarmWorker, String> {
             let listener = std::os::unix::net::UnixListener::bind(&socket)
                 .map_err(|e| format!("worker socket {}: {e}", socket.display()))?;
@@ -60,6 +104,14 @@ impl WarmWorker {
             // broker (a warm one exits when its config pipe closes).
             cmd.kill_on_drop(false);
             let child = cmd.spawn().map_err(|e| format!("spawn {}: {e}", ctx.worker_bin.display()))?;
+            if let Some(d) = &disk_ahead {
+                let ahead = pvisor_worker::config::Ahead {
+                    disk_template: d.template.to_string_lossy().into_owned(),
+                    disk_dir: d.dir.to_string_lossy().into_owned(),
+                };
+                // A few hundred bytes: the pipe takes them without blocking.
+                pvisor_worker::launch::send_ahead(&cfg_wr, &ahead).map_err(|e| format!("worker pipe: {e}"))?;
+            }
             Ok(WarmWorker {
                 child,
                 socket: socket.clone(),
@@ -67,10 +119,14 @@ impl WarmWorker {
                 lifeline: life_wr,
                 config: cfg_wr,
                 cgroup: cgroup.clone(),
+                disk_ahead: disk_ahead.clone(),
             })
         })();
         if r.is_err() {
             release_files(&socket, &log, cgroup.as_ref());
+            if let Some(d) = &disk_ahead {
+                d.remove();
+            }
         }
         r
     }
@@ -79,6 +135,9 @@ impl WarmWorker {
     pub fn discard(mut self) {
         let _ = self.child.start_kill();
         release_files(&self.socket, &self.log, self.cgroup.as_ref());
+        if let Some(d) = &self.disk_ahead {
+            d.remove();
+        }
     }
 }
 
@@ -203,7 +262,7 @@ mod tests {
         std::fs::write(&socket, b"").expect("socket file");
         std::fs::write(&log, b"").expect("log file");
         let child = tokio::process::Command::new(program).arg("30").spawn().expect("spawn");
-        WarmWorker { child, socket, log, lifeline, config, cgroup: None }
+        WarmWorker { child, socket, log, lifeline, config, cgroup: None, disk_ahead: None }
     }
 
     #[tokio::test]

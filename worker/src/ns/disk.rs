@@ -11,6 +11,9 @@
 //! sandbox are gone the kernel drops the mount and the loop device clears
 //! itself; the broker's teardown removes the image file with the state dir.
 //!
+//! A warm worker does most of this before it has a sandbox when the broker
+//! asks it to ([`super::disk_ahead`]); [`own`] then only attaches the mount.
+//!
 //! What that gives: a write past the bound fails with ENOSPC inside, `df /`
 //! shows the sandbox's own size (overlay reports its upper's file system),
 //! the host's file system holds at most the image's size for the sandbox,
@@ -27,6 +30,8 @@ use std::path::{Path, PathBuf};
 pub const IMAGE: &str = "disk.ext4";
 /// `<state>/disk`: where it is mounted (in the worker's namespace only).
 pub const MOUNT: &str = "disk";
+/// `<dir>/ready`: made once a disk mounted ahead is ready to be taken.
+pub const READY: &str = "ready";
 
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
@@ -62,7 +67,7 @@ struct LoopConfig {
     reserved: [u64; 8],
 }
 
-fn sys(what: impl Into<String>, e: impl Into<std::io::Error>) -> WorkerError {
+pub(super) fn sys(what: impl Into<String>, e: impl Into<std::io::Error>) -> WorkerError {
     WorkerError::sys(what, e.into())
 }
 
@@ -103,7 +108,7 @@ pub fn copy_sparse(src: &Path, dst: &Path) -> Result<()> {
 /// Attaches a free loop device to `image`; the device clears itself once
 /// its last user is gone, so the returned open device must be held until
 /// the mount holds it too.
-fn attach_loop(image: &File) -> Result<(PathBuf, File)> {
+pub(super) fn attach_loop(image: &File) -> Result<(PathBuf, File)> {
     let ctl = File::open("/dev/loop-control").map_err(|e| sys("open /dev/loop-control", e))?;
     // Another worker may take the same free device first: try again.
     for _ in 0..16 {
@@ -138,6 +143,14 @@ fn attach_loop(image: &File) -> Result<(PathBuf, File)> {
     Err(WorkerError::Start("no free loop device after 16 tries".into()))
 }
 
+/// Gives the worker a mount namespace of its own, a slave of the host's (it
+/// sees the image mounts the broker makes later; the host sees none of its).
+fn own_namespace() -> Result<()> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| sys("worker mount namespace", e))?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>)
+        .map_err(|e| sys("make the worker's mounts slaves", e))
+}
+
 /// Gives the worker a mount namespace of its own (a slave of the host's)
 /// and mounts the sandbox's disk at `<state>/disk`; returns that directory.
 pub fn mount_own(state_dir: &Path, template: &Path) -> Result<PathBuf> {
@@ -150,9 +163,7 @@ pub fn mount_own(state_dir: &Path, template: &Path) -> Result<PathBuf> {
         .write(true)
         .open(&image_path)
         .map_err(|e| sys(format!("open {}", image_path.display()), e))?;
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| sys("worker mount namespace", e))?;
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>)
-        .map_err(|e| sys("make the worker's mounts slaves", e))?;
+    own_namespace()?;
     let (dev, held) = attach_loop(&image)?;
     let target = state_dir.join(MOUNT);
     std::fs::create_dir_all(&target).map_err(|e| sys(format!("mkdir {}", target.display()), e))?;
@@ -166,8 +177,31 @@ pub fn mount_own(state_dir: &Path, template: &Path) -> Result<PathBuf> {
     Ok(target)
 }
 
+/// The sandbox's disk: the one a warm worker mounted ahead (`ahead`) when
+/// the broker moved it to `state_dir` for a create with its template, else a
+/// fresh copy of `template` mounted now. Returns the mount's directory.
+pub fn own(state_dir: &Path, template: &Path, ahead: Option<&super::disk_ahead::Mounted>) -> Result<PathBuf> {
+    match ahead {
+        Some(m) if m.taken(state_dir, template) => {
+            own_namespace()?;
+            let target = state_dir.join(MOUNT);
+            std::fs::create_dir_all(&target).map_err(|e| sys(format!("mkdir {}", target.display()), e))?;
+            m.attach(&target)?;
+            let _ = std::fs::remove_file(state_dir.join(READY));
+            tracing::debug!("sandbox disk mounted ahead");
+            Ok(target)
+        }
+        other => {
+            if let Some(m) = other {
+                m.discard();
+            }
+            mount_own(state_dir, template)
+        }
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -192,18 +226,24 @@ mod tests {
         assert!(copy_sparse(&src, &dst).is_err(), "never overwrites");
     }
 
+    /// An empty ext4 image of `bytes` at `<dir>/<name>`, made as the broker makes templates.
+    pub(in crate::ns) fn template(dir: &Path, name: &str, bytes: u64) -> PathBuf {
+        let t = dir.join(name);
+        File::create(&t).unwrap().set_len(bytes).unwrap();
+        let ok = std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", "4096", "-m", "0", "-O", "^has_journal"])
+            .arg(&t)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        t
+    }
+
     /// Needs root and loop devices, as every host of this project has.
     #[test]
     fn mounts_a_copy_of_the_template_in_a_namespace_of_its_own() {
         let d = tempfile::tempdir().unwrap();
-        let template = d.path().join("t.img");
-        File::create(&template).unwrap().set_len(32 << 20).unwrap();
-        let ok = std::process::Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-b", "4096", "-m", "0", "-O", "^has_journal"])
-            .arg(&template)
-            .status()
-            .unwrap();
-        assert!(ok.success());
+        let template = template(d.path(), "t.img", 32 << 20);
         let state = d.path().join("state");
         std::fs::create_dir(&state).unwrap();
         // A thread of its own: the mount namespace is the calling thread's.

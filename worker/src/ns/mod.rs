@@ -11,7 +11,8 @@
 //! * [`link`]: with a network, the tap `eth0` the init creates in the new
 //!   network namespace and hands to the worker (for netd).
 //! * [`freeze`]: pausing by the cgroup freezer.
-//! * [`disk`]: the sandbox's own ext4 for its writable layer (the disk bound).
+//! * [`disk`]: the sandbox's own ext4 for its writable layer (the disk bound);
+//!   [`disk_ahead`]: a warm worker's, made before it has a sandbox.
 //! * [`owner`]: a distinct host uid owns each sandbox's user namespace, so
 //!   per-user kernel counts are charged per sandbox.
 //! * [`procfs`]: `/proc/meminfo` and `/proc/cmdline` as the sandbox sees them;
@@ -19,6 +20,7 @@
 //! * [`volumes`]: host directories mounted by fd (resolved beneath their
 //!   root, attached at a mount point resolved inside the sandbox root).
 pub mod disk;
+pub mod disk_ahead;
 pub mod etc;
 pub mod freeze;
 pub mod init;

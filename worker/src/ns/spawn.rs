@@ -98,7 +98,7 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
     // else in the state dir.
     let layer_dir = match ns.disk_template.as_str() {
         "" => state_dir.to_path_buf(),
-        t => super::disk::mount_own(state_dir, Path::new(t))?,
+        t => super::disk::own(state_dir, Path::new(t), common.disk_ahead.as_ref())?,
     };
     let upper = layer_dir.join("upper");
     let work = layer_dir.join("work");
