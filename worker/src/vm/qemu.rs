@@ -31,12 +31,13 @@ use super::qmp::Qmp;
 use crate::backend::{Sandbox, SandboxExit, SnapshotFiles, SnapshotTaken};
 use crate::config::{VmConfig, VmEngine};
 use crate::error::{Result, WorkerError};
+use nix::fcntl::OFlag;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use pvisor_vmm::devices::virtio::block::Block;
 use pvisor_vmm::devices::virtio::vhost_user;
 use pvisor_vmm::devices::virtio::vsock::{Vsock, VsockHandle};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -64,14 +65,43 @@ pub struct QemuSandbox {
     qmp_path: PathBuf,
     /// The QMP connection (QEMU serves one client), once a snapshot or a restore opened it.
     qmp: Mutex<Option<Qmp>>,
+    /// Keeps the sockets' directory fd (if any) open: `qmp_path` may name it.
+    _sockets: SocketDir,
 }
 
-fn socket_path(dir: &Path, name: &str) -> Result<PathBuf> {
-    let p = dir.join(name);
-    if p.as_os_str().len() > SUN_PATH_MAX {
-        return Err(WorkerError::Start(format!("socket path {} is too long", p.display())));
+/// Where the sockets are named: the sandbox's directory itself, or, when it
+/// lies too deep for a socket path (108 bytes), `/proc/self/fd/N` of an fd to
+/// it that QEMU inherits at the same number (the worker and QEMU then name
+/// the same directory by the same short path).
+struct SocketDir {
+    base: PathBuf,
+    /// The directory's fd when `base` is its `/proc/self/fd` path; open as long as the sandbox.
+    _fd: Option<OwnedFd>,
+}
+
+/// The longest name [`SocketDir::path`] is asked for.
+const LONGEST_SOCKET: &str = "vu-scratch.sock";
+
+impl SocketDir {
+    fn new(dir: &Path) -> Result<SocketDir> {
+        if dir.join(LONGEST_SOCKET).as_os_str().len() <= SUN_PATH_MAX {
+            return Ok(SocketDir { base: dir.to_path_buf(), _fd: None });
+        }
+        // No O_CLOEXEC: QEMU inherits it.
+        let fd = nix::fcntl::open(dir, OFlag::O_PATH | OFlag::O_DIRECTORY, nix::sys::stat::Mode::empty())
+            .map_err(|e| WorkerError::Start(format!("open {}: {e}", dir.display())))?;
+        // SAFETY: open returned a new fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(SocketDir { base: PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())), _fd: Some(fd) })
     }
-    Ok(p)
+
+    fn path(&self, name: &str) -> Result<PathBuf> {
+        let p = self.base.join(name);
+        if p.as_os_str().len() > SUN_PATH_MAX {
+            return Err(WorkerError::Start(format!("socket path {} is too long", p.display())));
+        }
+        Ok(p)
+    }
 }
 
 fn vhost_err(what: &str) -> impl Fn(vhost_user::Error) -> WorkerError + '_ {
@@ -90,13 +120,15 @@ pub fn start(
     let root_disk = vm.root_disk.as_ref().ok_or_else(|| WorkerError::Config("vm: root_disk missing".into()))?;
     let root = disks::open_root(root_disk)?;
     let scratch = disks::open_scratch(&vm.scratch_disk)?;
-    let vsock = Vsock::new(u64::from(vm.guest_cid), Some(socket_path(dir, "vsock.sock")?))
+    let sockets = SocketDir::new(dir)?;
+    let socket_path = |name: &str| sockets.path(name);
+    let vsock = Vsock::new(u64::from(vm.guest_cid), Some(socket_path("vsock.sock")?))
         .map_err(|e| WorkerError::Start(format!("vsock: {e}")))?;
     let handle = vsock.handle();
-    let root_sock = socket_path(dir, "vu-root.sock")?;
-    let scratch_sock = socket_path(dir, "vu-scratch.sock")?;
-    let vsock_sock = socket_path(dir, "vu-vsock.sock")?;
-    let qmp_path = socket_path(dir, "qmp.sock")?;
+    let root_sock = socket_path("vu-root.sock")?;
+    let scratch_sock = socket_path("vu-scratch.sock")?;
+    let vsock_sock = socket_path("vu-vsock.sock")?;
+    let qmp_path = socket_path("qmp.sock")?;
     // Each server runs on its own thread until QEMU disconnects; they are
     // detached: the worker ends with its sandbox.
     std::mem::forget(
@@ -109,7 +141,7 @@ pub fn start(
     std::mem::forget(vhost_user::serve("vu-vsock", vsock, &vsock_sock).map_err(vhost_err("vsock"))?);
     let net_sock = match net_end {
         Some(end) => {
-            let sock = socket_path(dir, "vu-net.sock")?;
+            let sock = socket_path("vu-net.sock")?;
             let server = vhost_user::net::serve_net("vu-net", net::device(end)?, &sock).map_err(vhost_err("net"))?;
             std::mem::forget(server);
             Some(sock)
@@ -206,6 +238,7 @@ pub fn start(
         scratch: PathBuf::from(&vm.scratch_disk),
         qmp_path,
         qmp: Mutex::new(qmp),
+        _sockets: sockets,
     })
 }
 
@@ -292,5 +325,29 @@ impl Sandbox for QemuSandbox {
 
     fn console_tail(&self) -> String {
         self.console.tail()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sandbox directory deeper than a socket path can name still gets its sockets, through
+    /// a short `/proc/self/fd` path a child inherits; a shallow one is named as it is.
+    #[test]
+    fn sockets_of_a_deep_directory_are_named_through_an_inherited_fd() {
+        let d = tempfile::tempdir().unwrap();
+        let shallow = SocketDir::new(d.path()).unwrap();
+        assert_eq!(shallow.path("qmp.sock").unwrap(), d.path().join("qmp.sock"));
+        let deep = d.path().join("x".repeat(60)).join("y".repeat(60));
+        std::fs::create_dir_all(&deep).unwrap();
+        let sockets = SocketDir::new(&deep).unwrap();
+        let p = sockets.path(LONGEST_SOCKET).unwrap();
+        assert!(p.starts_with("/proc/self/fd/") && p.as_os_str().len() <= SUN_PATH_MAX, "{}", p.display());
+        let _listener = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        assert!(deep.join(LONGEST_SOCKET).exists(), "the socket is in the sandbox's directory");
+        // A child (QEMU) names the same directory by the same path: the fd is inherited.
+        let seen = std::process::Command::new("sh").arg("-c").arg(format!("test -S {}", p.display())).status().unwrap();
+        assert!(seen.success(), "the child does not see {}", p.display());
     }
 }
