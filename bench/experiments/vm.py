@@ -285,14 +285,25 @@ def sdk_rounds(args, hardware) -> dict:
     return res
 
 
-def broker_workers(broker_pid: int) -> list[int]:
-    """The broker's pvisor-worker children (warm ones included)."""
+def children_of(parent: int) -> list[int]:
+    """By each process's PPid, not /proc/PID/task/*/children (CONFIG_PROC_CHILDREN, which the
+    KVM test host's kernel lacks)."""
     pids = []
-    for task in Path(f"/proc/{broker_pid}/task").iterdir():
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
         try:
-            pids += [int(p) for p in (task / "children").read_text().split()]
+            status = (d / "status").read_text()
         except OSError:
             continue
+        if any(line.split() == ["PPid:", str(parent)] for line in status.splitlines()):
+            pids.append(int(d.name))
+    return pids
+
+
+def broker_workers(broker_pid: int) -> list[int]:
+    """The broker's pvisor-worker children (warm ones included)."""
+    pids = children_of(broker_pid)
     out = []
     for pid in pids:
         try:
@@ -304,10 +315,7 @@ def broker_workers(broker_pid: int) -> list[int]:
 
 
 def has_children(pid: int) -> bool:
-    try:
-        return any((t / "children").read_text().strip() for t in Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return False
+    return bool(children_of(pid))
 
 
 def worker_memory(svc, image: str, extensions: dict) -> dict:

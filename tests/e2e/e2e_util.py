@@ -201,3 +201,19 @@ def netprobe(sb: SandboxSync, *args: Any) -> dict:
     if os.environ.get("PVISOR_E2E_NETPROBE_LOG"):  # see what each probe met (pytest -s)
         print(f"netprobe {res}")
     return res
+
+
+def children_of(parent: int) -> list[int]:
+    """The processes whose parent is `parent`, by each one's PPid (/proc/PID/task/*/children needs
+    CONFIG_PROC_CHILDREN, which the KVM test host's kernel lacks)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            status = (d / "status").read_text()
+        except OSError:
+            continue
+        if any(line.split() == ["PPid:", str(parent)] for line in status.splitlines()):
+            out.append(int(d.name))
+    return out

@@ -15,17 +15,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from e2e_util import children_of
 from test_durability import _ppid, cgroup_prefix, ids_listed, leaks, memory_base, memory_group_of, ours, record
 
 KINDS = ["worker", "agent", "imaged"]
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(c) for t in os.listdir(f"/proc/{pid}/task")
-                for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def comm(pid: int) -> str:
@@ -37,7 +30,7 @@ def comm(pid: int) -> str:
 
 def agents_of(worker: int) -> list[int]:
     """The sandbox init of a worker: its child that is not pvisor-netd."""
-    return [c for c in children(worker) if comm(c) != "pvisor-netd"]
+    return [c for c in children_of(worker) if comm(c) != "pvisor-netd"]
 
 
 def broker_fds(srv) -> int:

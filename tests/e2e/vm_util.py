@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from e2e_util import children_of
+
 
 def hardware_virtualization() -> bool:
     flags = Path("/proc/cpuinfo").read_text()
@@ -54,16 +56,6 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return out
-
-
 def vmm_pids(data_dir: Path, sandbox_id: str) -> set[int]:
     """The processes running sandbox `sandbox_id`'s machine: its worker under the project's
     own VMM (the worker is the VMM), its QEMU under the test engine."""
@@ -71,7 +63,7 @@ def vmm_pids(data_dir: Path, sandbox_id: str) -> set[int]:
     worker = rec["worker"]["proc"]["pid"]
     if ENGINE == "kvm":
         return {worker}
-    return {c for c in _children(worker) if _comm(c).startswith("qemu-system")}
+    return {c for c in children_of(worker) if _comm(c).startswith("qemu-system")}
 
 
 def all_vmm_pids() -> set[int]:
