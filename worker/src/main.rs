@@ -302,6 +302,7 @@ fn main() {
         if let Some(sb) = sandbox.clone() {
             match agent_link::connect(sb.clone()).await {
                 Ok(channel) => {
+                    tracing::debug!(connected = ?t0.elapsed(), "agent link");
                     router = router.add_service(AgentForward::new(channel.clone()));
                     let mut client = AgentClient::new(channel);
                     let agent_cfg = cfg.agent.clone().unwrap_or_default();
@@ -327,6 +328,7 @@ fn main() {
                                 async move { c.configure(cfg).await }
                             })
                             .await?;
+                            tracing::debug!(configured = ?t0.elapsed(), "agent link");
                             // A guest gets the host's clock, fresh entropy and its hostname
                             // before anything runs in it (a restored one resumes with its source's).
                             if sb.backend() == "vm" {
