@@ -4,6 +4,7 @@ Docker (the peer), driven by the same unmodified OpenSandbox SDK.
 Experiments are subcommands (bench/README.md explains each):
   startup   SDK create and create → first checked command (restart and steady)
   burst     ten creates released by one barrier
+  throughput  create → checked command → delete cycles/s with 1, 4 and 16 clients
   disk      allocated bytes of the image inventory
   memory    cgroup-charged memory of each whole side, by phase
   imagefs   the image pool (pvisor only)
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib import common  # noqa: E402
 from lib.common import IMAGE_FILES, REPO, environment, log  # noqa: E402
 
-EXPERIMENTS = ("startup", "burst", "disk", "memory", "imagefs", "vm", "network", "snapshot", "code", "vmhost")
+EXPERIMENTS = ("startup", "burst", "throughput", "disk", "memory", "imagefs", "vm", "network", "snapshot", "code", "vmhost")
 # Experiments `all` leaves out: vmhost runs only where hardware virtualization exists (the KVM
 # test host of scripts/kvm-host.sh).
 NOT_IN_ALL = ("vmhost",)
