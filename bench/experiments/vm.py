@@ -314,14 +314,22 @@ def broker_workers(broker_pid: int) -> list[int]:
     return out
 
 
-def has_children(pid: int) -> bool:
-    return bool(children_of(pid))
+def runs_a_sandbox(pid: int) -> bool:
+    """Whether a worker has a sandbox's init among its children (a warm one has only its
+    pvisor-netd)."""
+    def comm(p: int) -> str:
+        try:
+            return Path(f"/proc/{p}/comm").read_text().strip()
+        except OSError:
+            return ""
+    return any(comm(c) not in ("", "pvisor-netd") for c in children_of(pid))
 
 
 def worker_memory(svc, image: str, extensions: dict) -> dict:
     """The resident memory of the worker of one live sandbox of this backend (after its checked
     first command), excluding guest memory. A vm sandbox's worker is the one mapping a guest-RAM
-    memfd; an ns sandbox's the one with a child (its sandbox's init); warm workers have neither."""
+    memfd; an ns sandbox's the one with a child besides its netd (its sandbox's init); warm workers
+    have neither."""
     backend = extensions[BACKEND_KEY]
     rec = {"backend": backend, "ok": False}
     sb = None
@@ -334,7 +342,7 @@ def worker_memory(svc, image: str, extensions: dict) -> dict:
             mine = [p for p in workers
                     if GUEST_RAM_MAPPING in Path(f"/proc/{p}/maps").read_text(errors="replace")]
         else:
-            mine = [p for p in workers if has_children(p)]
+            mine = [p for p in workers if runs_a_sandbox(p)]
         if len(mine) != 1:
             raise RuntimeError(f"expected one {backend} sandbox worker among {workers}, found {mine}")
         rec.update(measure_pid(mine[0], Path(os.readlink(f"/proc/{mine[0]}/exe")), need_guest=backend == "vm"),

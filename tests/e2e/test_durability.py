@@ -102,9 +102,19 @@ def memory_group_of(pid: int) -> str | None:
     return None
 
 
+AHEAD = ".ahead-"
+
+
 def sandbox_dirs(srv) -> set[str]:
+    """The sandboxes' state dirs (not the warm workers' disks made ahead: `ahead_dirs`)."""
     d = srv.data_dir / "sandboxes"
-    return {p.name for p in d.iterdir()} if d.is_dir() else set()
+    return {p.name for p in d.iterdir() if not p.name.startswith(AHEAD)} if d.is_dir() else set()
+
+
+def ahead_dirs(srv) -> set[str]:
+    """Warm workers' disks made ahead, by slot (`<sandboxes>/.ahead-<slot>`)."""
+    d = srv.data_dir / "sandboxes"
+    return {p.name[len(AHEAD):] for p in d.glob(f"{AHEAD}*")} if d.is_dir() else set()
 
 
 def ids_listed(srv) -> dict[str, str]:
@@ -362,9 +372,6 @@ def leaks(srv) -> list[str]:
     out = []
     listed = ids_listed(srv)
     live = {i for i, s in listed.items() if s in ("Running", "Paused")}
-    extra_dirs = sandbox_dirs(srv) - live
-    if extra_dirs:
-        out.append(f"sandbox dirs of no live sandbox: {extra_dirs}")
     recorded = set()
     for p in (srv.data_dir / "state" / "sandboxes").glob("*.json"):
         rec = json.loads(p.read_text())
@@ -377,6 +384,13 @@ def leaks(srv) -> list[str]:
     stray = workers - recorded - warm
     if stray:
         out.append(f"worker processes of no sandbox: {stray}")
+    extra_dirs = sandbox_dirs(srv) - live
+    if extra_dirs:
+        out.append(f"sandbox dirs of no live sandbox: {extra_dirs}")
+    # A disk made ahead belongs to a live warm worker (its slot names its log).
+    slots = {Path(os.readlink(f"/proc/{p}/fd/1")).stem for p in warm}
+    if ahead_dirs(srv) - slots:
+        out.append(f"disks made ahead of no warm worker: {ahead_dirs(srv) - slots}")
     base = memory_base()
     if base is not None:
         prefix = cgroup_prefix(srv.data_dir)
@@ -384,12 +398,11 @@ def leaks(srv) -> list[str]:
         used = {memory_group_of(p) for p in workers | ours(srv, "pvisor-imaged")}
         if groups - used:
             out.append(f"cgroups without a process: {groups - used}")
-    # Files in the run dir: each live worker's socket and log (and a warm one's disk made
-    # ahead), each live image server's record and log.
+    # Files in the run dir: each live worker's socket and log, each live image server's record and log.
     expected = set()
     for pid in workers:
         log = Path(os.readlink(f"/proc/{pid}/fd/1")).name
-        expected |= {log, log.replace(".log", ".sock")} | ({log.replace(".log", ".disk")} if pid in warm else set())
+        expected |= {log, log.replace(".log", ".sock")}
     for p in (srv.data_dir / "run").glob("imaged-*.json"):
         expected |= {p.name, p.name.replace(".json", ".log")}
     extra_files = {p.name for p in (srv.data_dir / "run").iterdir()} - expected

@@ -71,30 +71,32 @@ def test_df_shows_the_sandboxes_own_size(sandbox):
     assert 0.9 * 10 * (1 << 20) <= df_kib(default, "/") <= 10 * (1 << 20)
 
 
-def _disks_ahead(run_dir: Path) -> set[str]:
-    """Slots of the run dir whose disk a warm worker mounted ahead (`<slot>.disk/ready`)."""
-    return {p.parent.name for p in run_dir.glob("*.disk/ready")}
+def _disks_ahead(sandboxes: Path) -> set[str]:
+    """Warm workers' disks made ahead and ready to take (`<sandboxes>/.ahead-<slot>/ready`)."""
+    return {p.parent.name for p in sandboxes.glob(".ahead-*/ready")}
 
 
 @root_only
-@pytest.mark.backend("ns", why="warm workers mount an ns sandbox's disk ahead; a vm's disk is its image")
-def test_warm_workers_mount_the_default_disk_ahead_and_a_create_takes_it(sandbox, pvisor_server):
-    run_dir = pvisor_server.data_dir / "run"
+@pytest.mark.backend("ns", why="warm workers make an ns sandbox's disk ahead; a vm's disk is its image")
+def test_warm_workers_make_the_default_disk_ahead_and_a_create_takes_it(sandbox, pvisor_server):
+    sandboxes = pvisor_server.data_dir / "sandboxes"
     # The two warm workers (--warm-workers' default) each hold one, marked ready.
-    wait_until(lambda: len(_disks_ahead(run_dir)) == 2, 15, what="two disks made ahead")
-    before = _disks_ahead(run_dir)
+    wait_until(lambda: len(_disks_ahead(sandboxes)) == 2, 15, what="two disks made ahead")
+    before = _disks_ahead(sandboxes)
     sb = sandbox(BUSYBOX, resource=limits())
-    # The create took one: moved to the sandbox's state dir, where it is the sandbox's disk.
-    state = pvisor_server.data_dir / "sandboxes" / sb.id
+    # The create took one: renamed to the sandbox's state dir, where it is the sandbox's disk.
+    state = sandboxes / sb.id
     assert (state / "disk.ext4").is_file() and not (state / "ready").exists()
-    assert before - {p.name for p in run_dir.glob("*.disk")}, "no disk made ahead was taken"
+    assert before - {p.name for p in sandboxes.glob(".ahead-*")}, "no disk made ahead was taken"
     assert 0.9 * 10 * (1 << 20) <= df_kib(sb, "/") <= 10 * (1 << 20)
-    sh(sb, "dd if=/dev/zero of=/f bs=1M count=8 2>/dev/null && sync && rm /f")
-    # A create with another bound makes its own disk, and the one ahead goes: only the
+    sh(sb, "dd if=/dev/zero of=/f bs=1M count=8 2>/dev/null && sync && rm /f && touch /kept")
+    assert sh(sb, "ls /kept") == "/kept"
+    # A create with another bound makes its own disk, and the one made ahead goes: only the
     # refilled warm workers' disks are left.
     other = sandbox(BUSYBOX, resource=limits("128Mi"))
     assert 0.9 * 128 * 1024 <= df_kib(other, "/") <= 128 * 1024
-    wait_until(lambda: len(list(run_dir.glob("*.disk"))) == 2 and len(_disks_ahead(run_dir)) == 2, 15,
+    assert "bin" in sh(other, "ls /"), "the other sandbox's root is its image"
+    wait_until(lambda: len(list(sandboxes.glob(".ahead-*"))) == 2 and len(_disks_ahead(sandboxes)) == 2, 15,
                what="only the warm workers' disks left")
 
 

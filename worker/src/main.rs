@@ -65,7 +65,13 @@ fn wait_config() -> Option<(WorkerConfig, Common)> {
                 }
                 return None;
             }
-            Some(config::PipeKind::Ahead(a)) => disk_ahead = pvisor_worker::ns::disk_ahead::ahead(&a),
+            Some(config::PipeKind::Ahead(a)) => {
+                // One is asked for; a second replaces the first.
+                if let Some(d) = disk_ahead.take() {
+                    d.discard();
+                }
+                disk_ahead = pvisor_worker::ns::disk_ahead::ahead(&a);
+            }
             Some(config::PipeKind::Config(cfg)) => {
                 let (cfg, mut common) = config::check(cfg).unwrap_or_else(|e| fail(e));
                 // Kept only for an ns sandbox with a disk of its template; else

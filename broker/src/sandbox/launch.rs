@@ -98,18 +98,20 @@ pub async fn launch(
         .map_err(start_failed)?;
     let state_dir = ctx.sandboxes_dir.join(&spec.id);
     let WarmWorker { mut child, socket, log, lifeline, config, cgroup, disk_ahead } = w;
+    // A disk made ahead that this create does not take; removed once the
+    // launch's outcome is known (the worker may still be making it until it
+    // reads its configuration), off the create's path.
+    let mut unused_disk = disk_ahead;
     let prepared = (|| -> Result<(), String> {
         // The state dir: the worker's disk made ahead, moved, where it is this sandbox's.
-        let taken = match (&disk_ahead, &spec.root) {
+        let taken = match (&unused_disk, &spec.root) {
             (Some(d), RootFs::Tree(_)) => d.take(ctx.disks.template(spec.limits.disk_bytes)?.as_deref(), &state_dir),
             _ => false,
         };
-        if !taken {
+        if taken {
+            unused_disk = None;
+        } else {
             std::fs::create_dir_all(&state_dir).map_err(|e| format!("sandbox dir: {e}"))?;
-            if let Some(d) = disk_ahead {
-                // Not on the create's path (the worker drops its file system).
-                tokio::task::spawn_blocking(move || d.remove());
-            }
         }
         if let Some(g) = &cgroup {
             g.set_limits(&group_limits(ctx, spec)).map_err(|e| e.to_string())?;
@@ -139,6 +141,10 @@ pub async fn launch(
     super::pool::Pool::refill(ctx.clone());
     match ready {
         Ok((channel, ready)) => {
+            if let Some(d) = unused_disk {
+                // The worker read its configuration: it is done with the directory.
+                tokio::task::spawn_blocking(move || d.remove());
+            }
             let worker_pid = child.id().unwrap_or(0);
             let worker_pidfd = super::teardown::pidfd_open(worker_pid);
             let worker_proc = crate::durable::proc::ProcId::of(worker_pid);
@@ -176,6 +182,10 @@ pub async fn launch(
             tokio::task::spawn_blocking(move || {
                 release_files(&socket, &log, cgroup.as_ref());
                 let _ = super::trees::remove_state_dir(&id, &state_dir);
+                // The worker is gone: nothing makes the directory any more.
+                if let Some(d) = unused_disk {
+                    d.remove();
+                }
             })
             .await
             .ok();

@@ -24,9 +24,13 @@ pub struct WarmWorker {
     pub disk_ahead: Option<DiskAhead>,
 }
 
+/// How the directories of disks made ahead begin (never a sandbox id).
+pub const AHEAD_PREFIX: &str = ".ahead-";
+
 /// An ns sandbox's disk that a warm worker copies, attaches and mounts
 /// (detached) before it has a sandbox (`pvisor_worker::ns::disk_ahead`): the
-/// default bound's template, in `<run>/<slot>.disk`. A create with that
+/// default bound's template, in `<sandboxes>/.ahead-<slot>` (beside the state
+/// dirs: one file system for the rename; a start-up sweeps what is left). A create with that
 /// template that finds it ready renames the directory to its state dir
 /// ([`DiskAhead::take`]) and the worker attaches the mount there.
 #[derive(Debug, Clone)]
@@ -43,15 +47,22 @@ impl DiskAhead {
             return None;
         }
         let template = ctx.disks.template(ctx.default_limits.disk_bytes).ok()??;
-        Some(DiskAhead { template, dir: ctx.run_dir.join(format!("{slot}.disk")) })
+        Some(DiskAhead { template, dir: ctx.sandboxes_dir.join(format!("{AHEAD_PREFIX}{slot}")) })
     }
 
     /// Moves the disk to `state_dir` (which must not exist) if it is ready and
     /// of `template`; false if the create must make its own.
     pub fn take(&self, template: Option<&std::path::Path>, state_dir: &std::path::Path) -> bool {
-        template == Some(self.template.as_path())
-            && self.dir.join(pvisor_worker::ns::disk::READY).exists()
-            && std::fs::rename(&self.dir, state_dir).is_ok()
+        if template != Some(self.template.as_path()) || !self.dir.join(pvisor_worker::ns::disk::READY).exists() {
+            return false;
+        }
+        match std::fs::rename(&self.dir, state_dir) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), "taking the disk made ahead: {e}");
+                false
+            }
+        }
     }
 
     /// Removes it (not taken, or its worker is gone): only the image and the
@@ -77,8 +88,9 @@ pub fn release_files(socket: &PathBuf, log: &PathBuf, cgroup: Option<&GroupPaths
 }
 
 impl WarmWorker {
-    /// Starts a worker that waits for its sandbox.
-    pub fn spawn(ctx: &Ctx) -> Result<WarmWorker, String> {
+    /// Starts a worker that waits for its sandbox; a warm one (`ahead`) makes
+    /// the default disk meanwhile, one started for a waiting create does not.
+    pub fn spawn(ctx: &Ctx, ahead: bool) -> Result<WarmWorker, String> {
         let slot = format!("{:016x}", rand::random::<u64>());
         let cgroup = match &ctx.cgroups {
             Some(l) => Some(
@@ -89,7 +101,7 @@ impl WarmWorker {
         };
         let socket = ctx.run_dir.join(format!("{slot}.sock"));
         let log = ctx.run_dir.join(format!("{slot}.log"));
-        let disk_ahead = DiskAhead::of(ctx, &slot);
+        let disk_ahead = if ahead { DiskAhead::of(ctx, &slot) } else { None };
         let r = (|| -> Result<WarmWorker, String> {
             let listener = std::os::unix::net::UnixListener::bind(&socket)
                 .map_err(|e| format!("worker socket {}: {e}", socket.display()))?;
@@ -173,7 +185,7 @@ impl Pool {
         };
         match found {
             Some(w) => Ok(w),
-            None => WarmWorker::spawn(ctx),
+            None => WarmWorker::spawn(ctx, false),
         }
     }
 
@@ -230,7 +242,7 @@ impl Pool {
     /// (cgroup set-up is synchronous) and clears the `refilling` flag.
     fn fill(ctx: &Arc<Ctx>) {
         while ctx.pool.idle().len() < ctx.pool.want {
-            match WarmWorker::spawn(ctx) {
+            match WarmWorker::spawn(ctx, true) {
                 Ok(w) => ctx.pool.idle().push_back(w),
                 Err(e) => {
                     tracing::warn!("warm worker: {e}");

@@ -1,5 +1,6 @@
 //! The sandbox's disk made ahead: a warm worker, before it has a sandbox,
-//! copies the default bound's template into a directory of the run dir,
+//! copies the default bound's template into a directory beside the state
+//! dirs (`<data>/sandboxes/.ahead-<slot>`),
 //! attaches a loop device and mounts the ext4 *nowhere* — a detached mount
 //! made by the new mount API (`fsopen`/`fsconfig`/`fsmount`) that lives as
 //! long as its fd — then marks the directory [`READY`](super::disk::READY).
@@ -17,7 +18,7 @@ use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 // linux/mount.h
 const FSOPEN_CLOEXEC: libc::c_uint = 1;
@@ -34,7 +35,9 @@ const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
 pub struct Mounted {
     pub template: PathBuf,
     dir: PathBuf,
-    fs: Arc<OwnedFd>,
+    /// Taken by [`Mounted::attach`] or dropped by [`Mounted::discard`]: the
+    /// file system and its loop device go as soon as it is clear no sandbox has them.
+    fs: Arc<Mutex<Option<OwnedFd>>>,
 }
 
 impl Mounted {
@@ -44,15 +47,18 @@ impl Mounted {
         self.template == template && state_dir.join(READY).exists() && state_dir.join(IMAGE).exists()
     }
 
-    /// Attaches the file system at `target`, in the caller's mount namespace.
+    /// Attaches the file system at `target`, in the caller's mount namespace
+    /// (once: the fd is closed after, the mount stays).
     pub fn attach(&self, target: &Path) -> Result<()> {
+        let fs = self.fs.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let fs = fs.ok_or_else(|| sys("attach the disk made ahead", std::io::Error::other("already used")))?;
         let to = cstr(target)?;
         // SAFETY: move_mount reads two NUL-terminated strings that live across
         // the call; `fs` is a detached mount fd we own.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_move_mount,
-                self.fs.as_raw_fd(),
+                fs.as_raw_fd(),
                 c"".as_ptr(),
                 libc::AT_FDCWD,
                 to.as_ptr(),
@@ -65,9 +71,10 @@ impl Mounted {
         Ok(())
     }
 
-    /// Not taken: the directory goes if the broker left it (the file system
-    /// goes with the last clone of this handle).
+    /// Not taken: the file system is dropped (the kernel clears the loop
+    /// device) and the directory goes if the broker left it.
     pub fn discard(&self) {
+        drop(self.fs.lock().unwrap_or_else(PoisonError::into_inner).take());
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -88,7 +95,7 @@ pub fn ahead(ahead: &crate::config::Ahead) -> Option<Mounted> {
     match made {
         Ok(fs) => {
             tracing::debug!(took = ?t.elapsed(), dir = %dir.display(), "sandbox disk made ahead");
-            Some(Mounted { template, dir, fs: Arc::new(fs) })
+            Some(Mounted { template, dir, fs: Arc::new(Mutex::new(Some(fs))) })
         }
         Err(e) => {
             tracing::warn!(dir = %dir.display(), "the sandbox disk ahead: {e}");
