@@ -31,6 +31,7 @@ The seed's microVM daemon's published figures stand beside them (anchors.md).
 """
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -322,11 +323,17 @@ def run(args) -> dict:
            "hardware_virt": why, "parts": parts, "guest_kernel": args.guest_kernel,
            "guest_kernel_sha256": sha256_file(Path(args.guest_kernel)) if args.guest_kernel else None,
            "used_peer": False}
+    # Each part's result is kept as it ends: an emulated host that dies in a later part (its
+    # kernel has, under TCG) loses only that part.
+    partial = Path(args.out) / "vmhost.partial.json"
+    partial.parent.mkdir(parents=True, exist_ok=True)
     for part, fn in (("time", time_part), ("vmm_rss", vmm_rss_part), ("memory", memory_part),
                      ("density", density_part)):
         if part in parts:
             log(f"vmhost: {part}")
             res[part] = fn(args, work, pvisor)
+            partial.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    partial.unlink(missing_ok=True)
     res["pvisor_failures"] = failures(res)
     if not args.keep_workdir:
         shutil.rmtree(work, ignore_errors=True)
