@@ -81,6 +81,21 @@ impl Device {
         true
     }
 
+    /// Whether the link refused a frame and smoltcp is held back.
+    pub fn is_full(&self) -> bool {
+        self.full
+    }
+
+    /// Whether a refused frame waits to be sent again.
+    pub fn is_stashed(&self) -> bool {
+        self.stashed
+    }
+
+    /// Frames queued for smoltcp.
+    pub fn rx_queued(&self) -> usize {
+        self.rx.len()
+    }
+
     pub fn rx_full(&self) -> bool {
         self.rx.len() >= RX_QUEUE
     }

@@ -230,6 +230,28 @@ impl Stack {
         }
     }
 
+    /// What the stack holds right now, for a test's or an operator's
+    /// diagnosis of a stalled transfer: the link's backpressure state and
+    /// each TCP flow's (its smoltcp socket and host stream).
+    pub fn describe(&self) -> String {
+        let mut out = format!(
+            "link: full {} stashed {} rx queued {} pending {}; tcp memory {}; dropped {}\n",
+            self.dev.is_full(),
+            self.dev.is_stashed(),
+            self.dev.rx_queued(),
+            self.link_pending,
+            self.tcp_memory,
+            self.dev.tx_dropped,
+        );
+        for slot in self.tcp.slots() {
+            if let Some(flow) = self.tcp.get(slot) {
+                out.push_str(&flow.describe(&self.sockets));
+                out.push('\n');
+            }
+        }
+        out
+    }
+
     fn smol_now(&self, now: Instant) -> smoltcp::time::Instant {
         smoltcp::time::Instant::from_micros(now.duration_since(self.epoch).as_micros() as i64)
     }

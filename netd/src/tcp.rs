@@ -157,6 +157,29 @@ impl Flow {
         Outcome::Keep
     }
 
+    /// One line of the flow's state (see `Stack::describe`).
+    pub fn describe(&self, sockets: &SocketSet<'_>) -> String {
+        let flags = format!(
+            "readable {} writable {} host_eof {} shut_wr {} aborted {}",
+            self.readable, self.writable, self.host_eof, self.shut_wr, self.aborted
+        );
+        match self.state {
+            State::Connecting { .. } => format!("{:?}: connecting; {flags}", self.key),
+            State::Open { handle } => {
+                let sock = sockets.get::<tcp::Socket>(handle);
+                format!(
+                    "{:?}: {} send queue {} recv queue {} can_send {} can_recv {}; {flags}",
+                    self.key,
+                    sock.state(),
+                    sock.send_queue(),
+                    sock.recv_queue(),
+                    sock.can_send(),
+                    sock.can_recv(),
+                )
+            }
+        }
+    }
+
     /// Whether the flow waits for the next poll only (aborted).
     pub fn is_aborted(&self) -> bool {
         self.aborted

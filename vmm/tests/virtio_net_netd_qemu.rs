@@ -173,7 +173,7 @@ fn linux_guest_resolves_and_connects_through_netd() {
                 Err(e) => panic!("netd: {e}"),
             }
         }
-        stack.stats()
+        (stack.stats(), stack.describe())
     });
 
     let dir = tempfile::tempdir().expect("tempdir");
@@ -185,7 +185,7 @@ fn linux_guest_resolves_and_connects_through_netd() {
     let chardev = format!("socket,id=vnet,path={}", sock.display());
     let mac = GUEST_MAC.map(|b| format!("{b:02x}")).join(":");
     let device = format!("virtio-net-device,netdev=net0,mac={mac},host_mtu={MTU},{QEMU_DEVICE_PROPS}");
-    let console = qemu::boot(
+    let booted = qemu::try_boot(
         &kernel,
         &initrd,
         &[],
@@ -205,12 +205,15 @@ fn linux_guest_resolves_and_connects_through_netd() {
             &device,
         ],
     );
-    let counters = server.device().with_device(|d| d.counters());
+    let (counters, device_state) = server.device().with_device(|d| (d.counters(), d.describe()));
     let served = server.join();
     stop.store(true, Ordering::Relaxed);
-    let stats = netd.join().expect("netd thread");
+    let (stats, netd_state) = netd.join().expect("netd thread");
     let asked = dns_thread.join().expect("dns thread");
-    let context = format!("{counters:?}\n{stats:?}\nupstream asked {asked}\nserver: {served:?}\n{console}");
+    let state =
+        format!("{counters:?}\n{device_state}\n{stats:?}\n{netd_state}upstream asked {asked}\nserver: {served:?}");
+    let console = booted.unwrap_or_else(|failure| panic!("{failure}\n--- device, netd ---\n{state}"));
+    let context = format!("{state}\n{console}");
 
     assert_eq!(one(&console, "PVISOR-RESOLVED "), host.to_string(), "the name resolved through netd\n{context}");
     assert_ne!(one(&console, "PVISOR-DENIED-RC "), "0", "a denied name is NXDOMAIN\n{context}");

@@ -128,6 +128,19 @@ pub fn boot_overlay(kernel: &Path, initrd: &Path, lower: &Path, scratch: &Path) 
 /// on a QEMU failure, or if the guest never reached the end of its /init).
 /// `extra_args` go to QEMU as they are (e.g. a network device).
 pub fn boot(kernel: &Path, initrd: &Path, disks: &[Disk], extra_cmdline: &str, extra_args: &[&str]) -> String {
+    try_boot(kernel, initrd, disks, extra_cmdline, extra_args).unwrap_or_else(|failure| panic!("{failure}"))
+}
+
+/// [`boot`], with the failure (console and QEMU's errors included) returned
+/// instead of panicking, so a test can add the state of its own device
+/// models to it.
+pub fn try_boot(
+    kernel: &Path,
+    initrd: &Path,
+    disks: &[Disk],
+    extra_cmdline: &str,
+    extra_args: &[&str],
+) -> Result<String, String> {
     require_tool("qemu-system-x86_64", "qemu-system-x86");
     let mut cmd = Command::new("qemu-system-x86_64");
     // acpi=off: without ACPI tables QEMU lists the virtio-mmio devices on the
@@ -179,14 +192,16 @@ pub fn boot(kernel: &Path, initrd: &Path, disks: &[Disk], extra_cmdline: &str, e
     };
     let console = out_reader.join().expect("stdout reader");
     let qemu_err = err_reader.join().expect("stderr reader");
+    let failure = |what: String| Err(format!("{what}\n--- console ---\n{console}\n--- qemu ---\n{qemu_err}"));
     let Some(status) = status else {
-        panic!("the guest did not end within {GUEST_TIMEOUT:?} (killed)\n--- console ---\n{console}\n--- qemu ---\n{qemu_err}")
+        return failure(format!("the guest did not end within {GUEST_TIMEOUT:?} (killed)"));
     };
-    assert!(status.success(), "qemu exited with {status}\n--- console ---\n{console}\n--- qemu ---\n{qemu_err}");
-    assert!(
-        console.contains("PVISOR-INIT-DONE"),
-        "the guest's /init did not finish\n--- console ---\n{console}\n--- qemu ---\n{qemu_err}"
-    );
+    if !status.success() {
+        return failure(format!("qemu exited with {status}"));
+    }
+    if !console.contains("PVISOR-INIT-DONE") {
+        return failure("the guest's /init did not finish".to_string());
+    }
     // Shown with --nocapture (cargo keeps a passing test's output to itself).
     println!("--- console ---\n{console}");
     if !qemu_err.is_empty() {
@@ -195,7 +210,7 @@ pub fn boot(kernel: &Path, initrd: &Path, disks: &[Disk], extra_cmdline: &str, e
     if let Some(line) = console.lines().find(|l| l.starts_with("PVISOR-UPTIME")) {
         println!("guest uptime at /init (seconds, idle): {line}");
     }
-    console
+    Ok(console)
 }
 
 /// The lines of `console` that start with `marker`, marker removed.

@@ -69,6 +69,18 @@ impl Net {
         self.link.is_up()
     }
 
+    /// What waits in the device now (a frame each way, the socket
+    /// interest), for diagnosing a stalled transfer.
+    pub fn describe(&self) -> String {
+        format!(
+            "rx frame waiting {:?}, tx frame waiting {:?}, link up {}, watching {:?}",
+            self.state.rx_len,
+            self.state.tx_len,
+            self.link.is_up(),
+            self.link.interest()
+        )
+    }
+
     fn mergeable(&self) -> bool {
         self.acked & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0
     }

@@ -83,6 +83,11 @@ impl Link {
         }
     }
 
+    /// What the set watches the socket for.
+    pub fn interest(&self) -> EventSet {
+        self.interest
+    }
+
     /// Makes the set watch the socket for `wanted` (IN and/or OUT).
     pub fn set_interest(&mut self, wanted: EventSet) {
         if !self.up || wanted == self.interest {
