@@ -24,6 +24,7 @@ pub mod reaper;
 pub mod server;
 pub mod service;
 pub mod session;
+pub mod shell;
 pub mod spawn;
 pub mod tree_ops;
 pub mod tunnel;

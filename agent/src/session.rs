@@ -36,11 +36,7 @@ fn quote(s: &str) -> String {
 }
 
 fn start_shell(cfg: &AgentConfig, cwd: &str) -> Result<Shell> {
-    let program = if std::path::Path::new("/bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
-    let mut argv = vec![program.to_string()];
-    if program.ends_with("bash") {
-        argv.extend(["--noprofile".into(), "--norc".into()]);
-    }
+    let argv = crate::shell::session_argv(cfg);
     let spec = SpawnSpec { argv, cwd: cwd.to_string(), stdin_pipe: true, ..Default::default() };
     let sp = spawn(&spec, cfg)?;
     Ok(Shell {

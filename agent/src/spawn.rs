@@ -26,12 +26,13 @@ pub struct SpawnSpec {
 }
 
 impl SpawnSpec {
-    /// `command` through `/bin/sh -c`, or `argv` as given.
-    pub fn new(command: &str, argv: &[String]) -> Result<Self> {
+    /// `command` through the image's shell (`bash -c`, else `/bin/sh -c`:
+    /// [`crate::shell`]), or `argv` as given.
+    pub fn new(cfg: &AgentConfig, command: &str, argv: &[String]) -> Result<Self> {
         let argv = if !argv.is_empty() {
             argv.to_vec()
         } else if !command.is_empty() {
-            vec!["/bin/sh".into(), "-c".into(), command.into()]
+            crate::shell::argv(cfg, command)
         } else {
             return Err(AgentError::InvalidArgument("command or argv is required".into()));
         };

@@ -208,6 +208,42 @@ def test_concurrent_commands(bb):
     assert time.monotonic() - t0 < 5, "commands of one sandbox must run concurrently"
 
 
+def test_commands_run_in_bash_where_the_image_has_it(deb):
+    """As the reference execd: `bash -c` where the image has bash (Debian's /bin/sh is dash)."""
+    assert sh(deb, "echo {1..3}") == "1 2 3"
+    ex = run(deb, "[[ 1 == 1 ]]")
+    assert ex.exit_code == 0, describe(ex)
+    assert sh(deb, 'a=(x y z); echo "${#a[@]} ${a[1]}"') == "3 y"
+    assert sh(deb, 'test -n "$BASH_VERSION" && basename "$0"') == "bash"
+    # A failed redirection is status 1 in bash (2 in dash).
+    ex = run(deb, "cat < /no/such/file")
+    assert ex.exit_code == 1, describe(ex)
+    # pipefail, a bash option agents set.
+    ex = run(deb, "set -o pipefail; false | true")
+    assert ex.exit_code == 1, describe(ex)
+    # Other users get bash too.
+    assert sh(deb, "echo {a,b}", uid=1000) == "a b"
+    # Background commands as well.
+    ex = run(deb, "echo {4..6} > /tmp/bg-bash", background=True)
+    wait_until(lambda: sh(deb, "cat /tmp/bg-bash 2>/dev/null") == "4 5 6", timeout=10)
+
+
+def test_commands_fall_back_to_sh_without_bash(bb):
+    """busybox has no bash: commands run in /bin/sh (ash), no brace expansion."""
+    assert sh(bb, "command -v bash || echo none") == "none"
+    assert sh(bb, 'echo "$0"') == "/bin/sh"
+    assert sh(bb, "echo {1..3}") == "{1..3}"
+
+
+def test_sessions_run_in_bash_where_the_image_has_it(deb):
+    sid = deb.commands.create_session()
+    try:
+        ex = deb.commands.run_in_session(sid, "echo {1..3}; [[ -d / ]] && echo yes")
+        assert stdout_text(ex) == "1 2 3\nyes", describe(ex)
+    finally:
+        _drop_session(deb, sid)
+
+
 def test_uid_gid(deb):
     ex = run(deb, "id -u; id -g; id -un; touch /tmp/owned-by-app; stat -c %u:%g /tmp/owned-by-app",
              uid=1000, gid=1000)
