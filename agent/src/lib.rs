@@ -17,6 +17,7 @@ pub mod error;
 pub mod files;
 pub mod guest;
 pub mod identity;
+pub mod line_window;
 pub mod lines;
 pub mod passwd;
 pub mod pty;
