@@ -13,7 +13,9 @@
 pub mod code;
 pub mod commands;
 pub mod config;
+pub mod envfile;
 pub mod error;
+pub mod expand;
 pub mod files;
 pub mod guest;
 pub mod identity;

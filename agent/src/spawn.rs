@@ -1,7 +1,7 @@
 //! Starting a sandbox process: argv, environment, cwd, identity, pipes.
 use crate::config::{AgentConfig, ImageDefaults};
 use crate::error::{AgentError, Result};
-use crate::{passwd, reaper};
+use crate::{envfile, passwd, reaper};
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
@@ -87,7 +87,8 @@ pub fn find_program(cfg: &AgentConfig, program: &str) -> Option<std::path::PathB
         .find(|p| std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false))
 }
 
-/// The environment: image env, then HOME/USER of the identity, then request envs.
+/// The environment: image env, then HOME/USER of the identity and
+/// `EXECD_ENVS`, then the env file's entries ([`envfile`]), then request envs.
 fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> BTreeMap<String, String> {
     let mut env = image_env(cfg);
     let uid = id.map(|(u, _)| u).unwrap_or(0);
@@ -96,6 +97,10 @@ fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> B
         env.entry("USER".into()).or_insert(u.name);
     } else if uid == 0 {
         env.entry("HOME".into()).or_insert_with(|| "/root".into());
+    }
+    env.entry(envfile::VAR.into()).or_insert_with(|| envfile::DEFAULT_PATH.into());
+    if let Some(path) = envfile::path(&env) {
+        envfile::apply(&path, uid, &mut env);
     }
     env.extend(spec.envs.clone());
     env

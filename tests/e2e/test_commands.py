@@ -244,6 +244,35 @@ def test_sessions_run_in_bash_where_the_image_has_it(deb):
         _drop_session(deb, sid)
 
 
+def test_set_env_reaches_later_commands_and_new_sessions(deb):
+    """commands.set_env appends to the file $EXECD_ENVS names; everything started later sees it."""
+    assert sh(deb, 'echo "$EXECD_ENVS"') == "/opt/opensandbox/.env"
+    old = deb.commands.create_session()
+    try:
+        deb.commands.set_env("E2E_SET_ENV", "a b  $HOME \\n")
+        deb.commands.set_env("E2E_QUOTED", 'it\'s "x"\tdone')
+        deb.commands.set_env("E2E_TWICE", "first")
+        deb.commands.set_env("E2E_TWICE", "second")
+        show = 'printf "%s|%s|%s" "$E2E_SET_ENV" "$E2E_QUOTED" "$E2E_TWICE"'
+        want = 'a b  $HOME \\n|it\'s "x"\tdone|second'
+        assert sh(deb, show) == want
+        # Other users, background commands and new sessions see it too.
+        assert sh(deb, show, uid=1000) == want
+        ex = run(deb, f"{show} > /tmp/set-env-bg", background=True)
+        wait_until(lambda: sh(deb, "cat /tmp/set-env-bg 2>/dev/null") == want, timeout=10)
+        sid = deb.commands.create_session()
+        try:
+            assert stdout_text(deb.commands.run_in_session(sid, show)) == want
+        finally:
+            _drop_session(deb, sid)
+        # A session started before keeps its environment (its own `export`s stay its own).
+        assert stdout_text(deb.commands.run_in_session(old, 'echo "[$E2E_TWICE]"')) == "[]"
+        # The request's own envs win over the file.
+        assert sh(deb, 'echo "$E2E_TWICE"', envs={"E2E_TWICE": "request"}) == "request"
+    finally:
+        _drop_session(deb, old)
+
+
 def test_uid_gid(deb):
     ex = run(deb, "id -u; id -g; id -un; touch /tmp/owned-by-app; stat -c %u:%g /tmp/owned-by-app",
              uid=1000, gid=1000)
