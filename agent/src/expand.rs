@@ -10,14 +10,23 @@ pub fn is_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// `s` with every `$NAME` and `${NAME}` replaced by `lookup(NAME)`; the names
-/// `lookup` does not know are replaced by nothing and listed, in order.
-pub fn expand(s: &str, lookup: impl Fn(&str) -> Option<String>) -> (String, Vec<String>) {
-    let mut out = String::with_capacity(s.len());
-    let mut missing = Vec::new();
+/// A part of a string: text, or a variable reference.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Piece<'a> {
+    Text(&'a str),
+    /// `$NAME` or `${NAME}`: the name.
+    Var(&'a str),
+}
+
+/// `s` cut into text and `$NAME`/`${NAME}` references; a `$` that starts
+/// no name is text.
+pub fn pieces(s: &str) -> Vec<Piece<'_>> {
+    let mut out = Vec::new();
     let mut rest = s;
     while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
+        if i > 0 {
+            out.push(Piece::Text(&rest[..i]));
+        }
         let after = &rest[i + 1..];
         let (name, len) = if let Some(braced) = after.strip_prefix('{') {
             match braced.find('}') {
@@ -33,23 +42,39 @@ pub fn expand(s: &str, lookup: impl Fn(&str) -> Option<String>) -> (String, Vec<
             }
         };
         if len == 0 {
-            out.push('$');
+            out.push(Piece::Text("$"));
             rest = after;
-            continue;
+        } else {
+            out.push(Piece::Var(name));
+            rest = &after[len..];
         }
-        match lookup(name) {
-            Some(v) => out.push_str(&v),
-            None => missing.push(name.to_string()),
-        }
-        rest = &after[len..];
     }
-    out.push_str(rest);
+    if !rest.is_empty() {
+        out.push(Piece::Text(rest));
+    }
+    out
+}
+
+/// `s` with every `$NAME` and `${NAME}` replaced by `lookup(NAME)`; the names
+/// `lookup` does not know are replaced by nothing and listed, in order.
+pub fn expand(s: &str, lookup: impl Fn(&str) -> Option<String>) -> (String, Vec<String>) {
+    let mut out = String::with_capacity(s.len());
+    let mut missing = Vec::new();
+    for p in pieces(s) {
+        match p {
+            Piece::Text(t) => out.push_str(t),
+            Piece::Var(name) => match lookup(name) {
+                Some(v) => out.push_str(&v),
+                None => missing.push(name.to_string()),
+            },
+        }
+    }
     (out, missing)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{expand, is_name};
+    use super::{expand, is_name, pieces, Piece};
 
     fn env(name: &str) -> Option<String> {
         match name {
@@ -80,6 +105,15 @@ mod tests {
         assert_eq!(expand("$1 $- ${ ${1x} ${HOME", env), ("$1 $- ${ ${1x} ${HOME".into(), vec![]));
         assert_eq!(expand("$$HOME", env), ("$/root".into(), vec![]));
         assert_eq!(expand("ünï$HOME✓", env), ("ünï/root✓".into(), vec![]));
+    }
+
+    #[test]
+    fn pieces_of_a_string() {
+        assert_eq!(
+            pieces("a$B${C}d$"),
+            vec![Piece::Text("a"), Piece::Var("B"), Piece::Var("C"), Piece::Text("d"), Piece::Text("$")]
+        );
+        assert_eq!(pieces(""), vec![]);
     }
 
     #[test]

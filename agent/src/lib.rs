@@ -31,3 +31,4 @@ pub mod shell;
 pub mod spawn;
 pub mod tree_ops;
 pub mod tunnel;
+pub mod workdir;

@@ -1,7 +1,7 @@
 //! Starting a sandbox process: argv, environment, cwd, identity, pipes.
 use crate::config::{AgentConfig, ImageDefaults};
 use crate::error::{AgentError, Result};
-use crate::{envfile, passwd, reaper};
+use crate::{envfile, passwd, reaper, workdir};
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
@@ -106,6 +106,17 @@ fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> B
     env
 }
 
+/// `cwd` expanded as a process of the image's default user gets it
+/// ([`workdir::resolve`]); the image's working directory when empty.
+pub fn resolve_cwd(cfg: &AgentConfig, cwd: &str) -> Result<String> {
+    if cwd.is_empty() {
+        return Ok(cfg.workdir().to_string());
+    }
+    let spec = SpawnSpec::default();
+    let id = identity(&spec, cfg)?;
+    workdir::resolve(cwd, &environment(&spec, cfg, id))
+}
+
 /// Spawns the process in its own process group with stdin from /dev/null and
 /// stdout/stderr on pipes; it is reaped by [`reaper`].
 pub fn spawn(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Spawned> {
@@ -172,7 +183,7 @@ fn prepare(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Command> {
     }
     let id = identity(spec, cfg)?;
     let env = environment(spec, cfg, id);
-    let cwd = if spec.cwd.is_empty() { cfg.workdir().to_string() } else { spec.cwd.clone() };
+    let cwd = if spec.cwd.is_empty() { cfg.workdir().to_string() } else { workdir::resolve(&spec.cwd, &env)? };
     if !std::path::Path::new(&cwd).is_dir() {
         return Err(AgentError::InvalidArgument(format!("working directory {cwd} does not exist")));
     }

@@ -89,6 +89,47 @@ def test_cwd(bb):
     assert sh(bb, "pwd", working_directory="/tmp/cwd-test/sub") == "/tmp/cwd-test/sub"
 
 
+def test_cwd_expands_home_and_variables(deb):
+    """~, $NAME and ${NAME} in a working directory, as the SDK documents."""
+    assert sh(deb, "pwd", working_directory="~") == "/root"
+    assert sh(deb, "pwd", working_directory="~/") == "/root"
+    assert sh(deb, "mkdir -p /tmp/cwd-exp/sub && echo ok") == "ok"
+    assert sh(deb, "pwd", working_directory="$HOME") == "/root"
+    assert sh(deb, "pwd", working_directory="${HOME}/../tmp") == "/tmp"
+    assert sh(deb, "pwd", working_directory="$BASE/sub", envs={"BASE": "/tmp/cwd-exp"}) == "/tmp/cwd-exp/sub"
+    assert sh(deb, "pwd", working_directory="${BASE}/sub", envs={"BASE": "/tmp/cwd-exp"}) == "/tmp/cwd-exp/sub"
+    # ~ is the home of the user the command runs as.
+    assert sh(deb, "pwd", working_directory="~", uid=1000) == "/home/app"
+    # Background commands too.
+    ex = run(deb, "pwd > /tmp/cwd-exp/bg", working_directory="$BASE", envs={"BASE": "/tmp/cwd-exp"}, background=True)
+    wait_until(lambda: sh(deb, "cat /tmp/cwd-exp/bg 2>/dev/null") == "/tmp/cwd-exp", timeout=10)
+    # A variable that is not set is an error, not an empty string.
+    with pytest.raises(SandboxApiException) as ei:
+        run(deb, "echo should-not-run", working_directory="$E2E_NOT_SET/tmp")
+    assert ei.value.status_code == 400, ei.value
+    assert "E2E_NOT_SET" in str(ei.value), ei.value
+
+
+def test_session_cwd_expands(deb):
+    sid = deb.commands.create_session(working_directory="~")
+    try:
+        assert stdout_text(deb.commands.run_in_session(sid, "pwd")) == "/root"
+        deb.commands.run_in_session(sid, "export E2E_DIR=/usr/share; mkdir -p '/tmp/a b'")
+        # Run cwds are expanded by the session's shell: its own variables count.
+        ex = deb.commands.run_in_session(sid, "pwd", working_directory="$E2E_DIR")
+        assert stdout_text(ex) == "/usr/share", describe(ex)
+        ex = deb.commands.run_in_session(sid, "pwd", working_directory="${HOME}/../tmp/a b")
+        assert stdout_text(ex) == "/tmp/a b", describe(ex)
+        ex = deb.commands.run_in_session(sid, "echo ran", working_directory="$E2E_NOT_SET_EITHER")
+        assert ex.exit_code == 1 and "ran" not in stdout_text(ex), describe(ex)
+        assert "E2E_NOT_SET_EITHER" in stderr_text(ex), describe(ex)
+    finally:
+        _drop_session(deb, sid)
+    with pytest.raises(SandboxApiException) as ei:
+        deb.commands.create_session(working_directory="$E2E_NOT_SET/x")
+    assert ei.value.status_code == 400, ei.value
+
+
 def test_cwd_missing_is_an_error(bb):
     try:
         ex = run(bb, "echo should-not-run", working_directory="/no/such/dir")

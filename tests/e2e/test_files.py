@@ -308,6 +308,30 @@ def test_directories(bb, d):
     assert sh(bb, f"test -e {base} && echo yes || echo no") == "no"
 
 
+def test_list_directory_depth_zero_and_symlinked_root(bb, d):
+    base = f"{d}/lst"
+    bb.files.create_directories([WriteEntry(path=f"{base}/sub", mode=755)])
+    bb.files.write_file(f"{base}/sub/f.txt", "f")
+    sh(bb, f"ln -s {base}/sub {base}/link")
+    # depth=0: the root's own level only, which a listing never includes: nothing.
+    assert bb.files.list_directory(DirectoryListEntry(path=base, depth=0)) == []
+    listed = {e.path: e for e in bb.files.list_directory(DirectoryListEntry(path=base, depth=5))}
+    # A symlink inside is an entry and is not followed.
+    assert set(listed) == {f"{base}/sub", f"{base}/sub/f.txt", f"{base}/link"}, set(listed)
+    assert listed[f"{base}/link"].entry_type in (None, "symlink")
+    # A symlink as the root is refused with 400, not listed through.
+    with pytest.raises(SandboxApiException) as ei:
+        bb.files.list_directory(DirectoryListEntry(path=f"{base}/link"))
+    assert ei.value.status_code == 400, ei.value
+    url, headers = dataplane(bb)
+    r = httpx.get(f"{url}/directories/list", params={"path": f"{base}/link"}, headers=headers, timeout=30)
+    assert r.status_code == 400 and "symbolic link" in r.json()["message"], f"{r.status_code} {r.text[:200]}"
+    r = httpx.get(f"{url}/directories/list", params={"path": base, "depth": -1}, headers=headers, timeout=30)
+    assert r.status_code == 400, f"{r.status_code} {r.text[:200]}"
+    r = httpx.get(f"{url}/directories/list", params={"path": f"{base}/sub/f.txt"}, headers=headers, timeout=30)
+    assert r.status_code == 400, f"{r.status_code} {r.text[:200]}"
+
+
 def test_files_visible_to_commands_and_back(bb, d):
     sh(bb, f"echo from-shell > {d}/shell.txt")
     assert bb.files.read_file(f"{d}/shell.txt") == "from-shell\n"
