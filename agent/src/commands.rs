@@ -142,7 +142,7 @@ impl Commands {
     /// Starts a command. Foreground commands stream into `tx` until their exit
     /// event; background commands get their init event and keep running.
     pub fn exec(self: &Arc<Self>, req: ExecRequest, tx: EventTx, id: Option<String>) -> Result<String> {
-        let mut spec = SpawnSpec::new(&req.command, &req.argv)?;
+        let mut spec = SpawnSpec::new(&self.cfg, &req.command, &req.argv)?;
         spec.cwd = req.cwd.clone();
         spec.envs = req.envs.clone().into_iter().collect();
         spec.uid = req.uid;

@@ -281,12 +281,23 @@ pub fn replace(entries: &[ReplaceEntry]) -> Result<Vec<ReplaceCount>> {
     Ok(counts)
 }
 
-/// Entries under `root` down to `depth` levels (1 = direct children).
+/// Entries under `root` down to `depth` levels (1 = direct children, 0 =
+/// none). Listings never follow symlinks, so a `root` that is one is refused
+/// (the spec's 400) rather than listed through.
 pub fn list_dir(root: &str, depth: u32) -> Result<Vec<FileInfo>> {
     let root = check_path(root)?;
-    let md = fs::metadata(&root).map_err(io_err(&root))?;
+    let md = fs::symlink_metadata(&root).map_err(io_err(&root))?;
+    if md.file_type().is_symlink() {
+        return Err(AgentError::InvalidArgument(format!(
+            "{} is a symbolic link: list the directory it points to",
+            root.display()
+        )));
+    }
     if !md.is_dir() {
         return Err(AgentError::InvalidArgument(format!("{} is not a directory", root.display())));
+    }
+    if depth == 0 {
+        return Ok(Vec::new());
     }
     tree_ops::list_dir(&root, depth)
 }
@@ -353,6 +364,12 @@ mod tests {
         assert_eq!(search(&root, "").unwrap().len(), 2);
         assert_eq!(list_dir(&root, 1).unwrap().len(), 1);
         assert_eq!(list_dir(&root, 3).unwrap().len(), 4);
+        assert_eq!(list_dir(&root, 0).unwrap().len(), 0);
+        std::os::unix::fs::symlink(d.path().join("x"), d.path().join("link")).unwrap();
+        assert!(matches!(list_dir(&format!("{root}/link"), 1), Err(AgentError::InvalidArgument(_))));
+        assert!(matches!(list_dir(&format!("{root}/x/a.txt"), 1), Err(AgentError::InvalidArgument(_))));
+        // A symlink inside a listing is an entry, not followed.
+        assert_eq!(list_dir(&root, 3).unwrap().len(), 5);
         rename(&format!("{root}/x/a.txt"), &format!("{root}/z/moved.txt")).unwrap();
         assert!(d.path().join("z/moved.txt").exists());
         assert!(!d.path().join("x/a.txt").exists());

@@ -7,6 +7,7 @@ use crate::commands::Commands;
 use crate::config::AgentConfig;
 use crate::files;
 use crate::identity::{blocking_as, Identity};
+use crate::line_window::{self, LineWindow};
 use crate::session::Sessions;
 use pvisor_proto::agent::agent_server::Agent;
 use pvisor_proto::agent::*;
@@ -239,6 +240,11 @@ impl Agent for AgentService {
         self.configured()?;
         let who = Identity::from_metadata(req.metadata())?;
         let r = req.into_inner();
+        if let Some(lines) = r.lines {
+            let window = LineWindow::new(lines.first, lines.count)?;
+            let (file, _) = blocking_as(who, move || files::open_for_read(&r.path, 0, 0)).await?;
+            return Ok(Response::new(line_window::send(file, window)));
+        }
         let (mut file, mut left) = blocking_as(who, move || files::open_for_read(&r.path, r.offset, r.limit)).await?;
         let (tx, rx) = mpsc::channel(4);
         tokio::task::spawn_blocking(move || {

@@ -31,16 +31,8 @@ pub struct Sessions {
     table: Mutex<HashMap<String, Arc<Session>>>,
 }
 
-fn quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
-
 fn start_shell(cfg: &AgentConfig, cwd: &str) -> Result<Shell> {
-    let program = if std::path::Path::new("/bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
-    let mut argv = vec![program.to_string()];
-    if program.ends_with("bash") {
-        argv.extend(["--noprofile".into(), "--norc".into()]);
-    }
+    let argv = crate::shell::session_argv(cfg);
     let spec = SpawnSpec { argv, cwd: cwd.to_string(), stdin_pipe: true, ..Default::default() };
     let sp = spawn(&spec, cfg)?;
     Ok(Shell {
@@ -155,7 +147,7 @@ impl Sessions {
         let shell = guard.as_mut().expect("set above");
         let started = Instant::now();
         let marker = format!("__PVISOR_SESSION_{}__", new_id());
-        let cd = if cwd.is_empty() { String::new() } else { format!("cd {} && ", quote(cwd)) };
+        let cd = if cwd.is_empty() { String::new() } else { crate::workdir::session_cd(cwd) };
         let script = format!(
             "{cd}{{\n{command}\n}} </dev/null\nprintf '%s%d\\n' '{marker}' \"$?\"\nprintf '%s\\n' '{marker}' >&2\n"
         );

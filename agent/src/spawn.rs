@@ -1,7 +1,7 @@
 //! Starting a sandbox process: argv, environment, cwd, identity, pipes.
 use crate::config::{AgentConfig, ImageDefaults};
 use crate::error::{AgentError, Result};
-use crate::{passwd, reaper};
+use crate::{envfile, passwd, reaper, workdir};
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
@@ -26,12 +26,13 @@ pub struct SpawnSpec {
 }
 
 impl SpawnSpec {
-    /// `command` through `/bin/sh -c`, or `argv` as given.
-    pub fn new(command: &str, argv: &[String]) -> Result<Self> {
+    /// `command` through the image's shell (`bash -c`, else `/bin/sh -c`:
+    /// [`crate::shell`]), or `argv` as given.
+    pub fn new(cfg: &AgentConfig, command: &str, argv: &[String]) -> Result<Self> {
         let argv = if !argv.is_empty() {
             argv.to_vec()
         } else if !command.is_empty() {
-            vec!["/bin/sh".into(), "-c".into(), command.into()]
+            crate::shell::argv(cfg, command)
         } else {
             return Err(AgentError::InvalidArgument("command or argv is required".into()));
         };
@@ -86,7 +87,8 @@ pub fn find_program(cfg: &AgentConfig, program: &str) -> Option<std::path::PathB
         .find(|p| std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false))
 }
 
-/// The environment: image env, then HOME/USER of the identity, then request envs.
+/// The environment: image env, then HOME/USER of the identity and
+/// `EXECD_ENVS`, then the env file's entries ([`envfile`]), then request envs.
 fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> BTreeMap<String, String> {
     let mut env = image_env(cfg);
     let uid = id.map(|(u, _)| u).unwrap_or(0);
@@ -96,8 +98,23 @@ fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> B
     } else if uid == 0 {
         env.entry("HOME".into()).or_insert_with(|| "/root".into());
     }
+    env.entry(envfile::VAR.into()).or_insert_with(|| envfile::DEFAULT_PATH.into());
+    if let Some(path) = envfile::path(&env) {
+        envfile::apply(&path, uid, &mut env);
+    }
     env.extend(spec.envs.clone());
     env
+}
+
+/// `cwd` expanded as a process of the image's default user gets it
+/// ([`workdir::resolve`]); the image's working directory when empty.
+pub fn resolve_cwd(cfg: &AgentConfig, cwd: &str) -> Result<String> {
+    if cwd.is_empty() {
+        return Ok(cfg.workdir().to_string());
+    }
+    let spec = SpawnSpec::default();
+    let id = identity(&spec, cfg)?;
+    workdir::resolve(cwd, &environment(&spec, cfg, id))
 }
 
 /// Spawns the process in its own process group with stdin from /dev/null and
@@ -166,7 +183,7 @@ fn prepare(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Command> {
     }
     let id = identity(spec, cfg)?;
     let env = environment(spec, cfg, id);
-    let cwd = if spec.cwd.is_empty() { cfg.workdir().to_string() } else { spec.cwd.clone() };
+    let cwd = if spec.cwd.is_empty() { cfg.workdir().to_string() } else { workdir::resolve(&spec.cwd, &env)? };
     if !std::path::Path::new(&cwd).is_dir() {
         return Err(AgentError::InvalidArgument(format!("working directory {cwd} does not exist")));
     }

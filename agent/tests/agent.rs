@@ -216,7 +216,7 @@ async fn upload_download_and_file_operations() {
     let mut got = Vec::new();
     let mut s = a
         .client
-        .download(DownloadRequest { path: path.clone(), offset: 1000, limit: 5000 })
+        .download(DownloadRequest { path: path.clone(), offset: 1000, limit: 5000, lines: None })
         .await
         .unwrap()
         .into_inner();
@@ -224,6 +224,22 @@ async fn upload_download_and_file_operations() {
         got.extend(c.data);
     }
     assert_eq!(got, data[1000..6000]);
+
+    // Line mode: lines 2 and 3, bytes as in the file (CRLF kept, no newline at the end).
+    let text = dir.path().join("lines.txt").display().to_string();
+    std::fs::write(&text, "one\ntwo\r\nthree").unwrap();
+    let lines = Some(LineRange { first: 2, count: 2 });
+    let mut s = a
+        .client
+        .download(DownloadRequest { path: text.clone(), lines, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = Vec::new();
+    while let Some(c) = s.message().await.unwrap() {
+        got.extend(c.data);
+    }
+    assert_eq!(got, b"two\r\nthree");
 
     let info = a.client.stat(PathsRequest { paths: vec![path.clone()] }).await.unwrap().into_inner().files;
     assert_eq!((info[0].size, info[0].mode, info[0].r#type.as_str()), (data.len() as u64, 0o600, "file"));

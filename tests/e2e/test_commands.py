@@ -89,6 +89,47 @@ def test_cwd(bb):
     assert sh(bb, "pwd", working_directory="/tmp/cwd-test/sub") == "/tmp/cwd-test/sub"
 
 
+def test_cwd_expands_home_and_variables(deb):
+    """~, $NAME and ${NAME} in a working directory, as the SDK documents."""
+    assert sh(deb, "pwd", working_directory="~") == "/root"
+    assert sh(deb, "pwd", working_directory="~/") == "/root"
+    assert sh(deb, "mkdir -p /tmp/cwd-exp/sub && echo ok") == "ok"
+    assert sh(deb, "pwd", working_directory="$HOME") == "/root"
+    assert sh(deb, "pwd", working_directory="${HOME}/../tmp") == "/tmp"
+    assert sh(deb, "pwd", working_directory="$BASE/sub", envs={"BASE": "/tmp/cwd-exp"}) == "/tmp/cwd-exp/sub"
+    assert sh(deb, "pwd", working_directory="${BASE}/sub", envs={"BASE": "/tmp/cwd-exp"}) == "/tmp/cwd-exp/sub"
+    # ~ is the home of the user the command runs as.
+    assert sh(deb, "pwd", working_directory="~", uid=1000) == "/home/app"
+    # Background commands too.
+    ex = run(deb, "pwd > /tmp/cwd-exp/bg", working_directory="$BASE", envs={"BASE": "/tmp/cwd-exp"}, background=True)
+    wait_until(lambda: sh(deb, "cat /tmp/cwd-exp/bg 2>/dev/null") == "/tmp/cwd-exp", timeout=10)
+    # A variable that is not set is an error, not an empty string.
+    with pytest.raises(SandboxApiException) as ei:
+        run(deb, "echo should-not-run", working_directory="$E2E_NOT_SET/tmp")
+    assert ei.value.status_code == 400, ei.value
+    assert "E2E_NOT_SET" in str(ei.value), ei.value
+
+
+def test_session_cwd_expands(deb):
+    sid = deb.commands.create_session(working_directory="~")
+    try:
+        assert stdout_text(deb.commands.run_in_session(sid, "pwd")) == "/root"
+        deb.commands.run_in_session(sid, "export E2E_DIR=/usr/share; mkdir -p '/tmp/a b'")
+        # Run cwds are expanded by the session's shell: its own variables count.
+        ex = deb.commands.run_in_session(sid, "pwd", working_directory="$E2E_DIR")
+        assert stdout_text(ex) == "/usr/share", describe(ex)
+        ex = deb.commands.run_in_session(sid, "pwd", working_directory="${HOME}/../tmp/a b")
+        assert stdout_text(ex) == "/tmp/a b", describe(ex)
+        ex = deb.commands.run_in_session(sid, "echo ran", working_directory="$E2E_NOT_SET_EITHER")
+        assert ex.exit_code == 1 and "ran" not in stdout_text(ex), describe(ex)
+        assert "E2E_NOT_SET_EITHER" in stderr_text(ex), describe(ex)
+    finally:
+        _drop_session(deb, sid)
+    with pytest.raises(SandboxApiException) as ei:
+        deb.commands.create_session(working_directory="$E2E_NOT_SET/x")
+    assert ei.value.status_code == 400, ei.value
+
+
 def test_cwd_missing_is_an_error(bb):
     try:
         ex = run(bb, "echo should-not-run", working_directory="/no/such/dir")
@@ -206,6 +247,71 @@ def test_concurrent_commands(bb):
         results = list(pool.map(one, range(8)))
     assert results == [(0, f"n{i}") for i in range(8)]
     assert time.monotonic() - t0 < 5, "commands of one sandbox must run concurrently"
+
+
+def test_commands_run_in_bash_where_the_image_has_it(deb):
+    """As the reference execd: `bash -c` where the image has bash (Debian's /bin/sh is dash)."""
+    assert sh(deb, "echo {1..3}") == "1 2 3"
+    ex = run(deb, "[[ 1 == 1 ]]")
+    assert ex.exit_code == 0, describe(ex)
+    assert sh(deb, 'a=(x y z); echo "${#a[@]} ${a[1]}"') == "3 y"
+    assert sh(deb, 'test -n "$BASH_VERSION" && basename "$0"') == "bash"
+    # A failed redirection is status 1 in bash (2 in dash).
+    ex = run(deb, "cat < /no/such/file")
+    assert ex.exit_code == 1, describe(ex)
+    # pipefail, a bash option agents set.
+    ex = run(deb, "set -o pipefail; false | true")
+    assert ex.exit_code == 1, describe(ex)
+    # Other users get bash too.
+    assert sh(deb, "echo {a,b}", uid=1000) == "a b"
+    # Background commands as well.
+    ex = run(deb, "echo {4..6} > /tmp/bg-bash", background=True)
+    wait_until(lambda: sh(deb, "cat /tmp/bg-bash 2>/dev/null") == "4 5 6", timeout=10)
+
+
+def test_commands_fall_back_to_sh_without_bash(bb):
+    """busybox has no bash: commands run in /bin/sh (ash), no brace expansion."""
+    assert sh(bb, "command -v bash || echo none") == "none"
+    assert sh(bb, 'echo "$0"') == "/bin/sh"
+    assert sh(bb, "echo {1..3}") == "{1..3}"
+
+
+def test_sessions_run_in_bash_where_the_image_has_it(deb):
+    sid = deb.commands.create_session()
+    try:
+        ex = deb.commands.run_in_session(sid, "echo {1..3}; [[ -d / ]] && echo yes")
+        assert stdout_text(ex) == "1 2 3\nyes", describe(ex)
+    finally:
+        _drop_session(deb, sid)
+
+
+def test_set_env_reaches_later_commands_and_new_sessions(deb):
+    """commands.set_env appends to the file $EXECD_ENVS names; everything started later sees it."""
+    assert sh(deb, 'echo "$EXECD_ENVS"') == "/opt/opensandbox/.env"
+    old = deb.commands.create_session()
+    try:
+        deb.commands.set_env("E2E_SET_ENV", "a b  $HOME \\n")
+        deb.commands.set_env("E2E_QUOTED", 'it\'s "x"\tdone')
+        deb.commands.set_env("E2E_TWICE", "first")
+        deb.commands.set_env("E2E_TWICE", "second")
+        show = 'printf "%s|%s|%s" "$E2E_SET_ENV" "$E2E_QUOTED" "$E2E_TWICE"'
+        want = 'a b  $HOME \\n|it\'s "x"\tdone|second'
+        assert sh(deb, show) == want
+        # Other users, background commands and new sessions see it too.
+        assert sh(deb, show, uid=1000) == want
+        ex = run(deb, f"{show} > /tmp/set-env-bg", background=True)
+        wait_until(lambda: sh(deb, "cat /tmp/set-env-bg 2>/dev/null") == want, timeout=10)
+        sid = deb.commands.create_session()
+        try:
+            assert stdout_text(deb.commands.run_in_session(sid, show)) == want
+        finally:
+            _drop_session(deb, sid)
+        # A session started before keeps its environment (its own `export`s stay its own).
+        assert stdout_text(deb.commands.run_in_session(old, 'echo "[$E2E_TWICE]"')) == "[]"
+        # The request's own envs win over the file.
+        assert sh(deb, 'echo "$E2E_TWICE"', envs={"E2E_TWICE": "request"}) == "request"
+    finally:
+        _drop_session(deb, old)
 
 
 def test_uid_gid(deb):

@@ -129,6 +129,75 @@ def test_read_range_raw(bb, d, blob):
     assert r.status_code == 200 and r.content == blob[:size]
 
 
+def test_read_lines_sdk(bb, d):
+    """offset/limit are the 1-based first line and a line count (SDK 1.1.1, upstream's spec)."""
+    path = f"{d}/lines.txt"
+    bb.files.write_file(path, "".join(f"line {i}\n" for i in range(1, 11)))
+    assert bb.files.read_file(path, offset=3, limit=2) == "line 3\nline 4\n"
+    assert bb.files.read_file(path, offset=1, limit=1) == "line 1\n"
+    assert bb.files.read_bytes(path, offset=10, limit=5) == b"line 10\n"
+    assert b"".join(bb.files.read_bytes_stream(path, offset=9, limit=1)) == b"line 9\n"
+    # Past the end: nothing, not an error.
+    assert bb.files.read_file(path, offset=11, limit=3) == ""
+    assert bb.files.read_file(path, offset=1000, limit=1) == ""
+    # One of them alone: to the end, or the first lines.
+    assert bb.files.read_file(path, offset=9) == "line 9\nline 10\n"
+    assert bb.files.read_file(path, limit=2) == "line 1\nline 2\n"
+
+
+def test_read_lines_crlf_no_trailing_newline_and_binary(bb, d):
+    crlf = f"{d}/crlf.txt"
+    bb.files.write_file(crlf, b"a\r\nb\r\nc\r\n")
+    assert bb.files.read_bytes(crlf, offset=2, limit=1) == b"b\r\n"
+    last = f"{d}/last.txt"
+    bb.files.write_file(last, "first\nsecond\nthird")
+    assert bb.files.read_file(last, offset=3, limit=1) == "third"
+    assert bb.files.read_file(last, offset=2, limit=5) == "second\nthird"
+    empty = f"{d}/empty.txt"
+    bb.files.write_file(empty, b"")
+    assert bb.files.read_bytes(empty, offset=1, limit=1) == b""
+    # Binary: split at 0x0a bytes, every byte passed as it is.
+    data = bytes(range(256)) * 3
+    binary = f"{d}/blob.bin"
+    bb.files.write_file(binary, data)
+    lines = data.split(b"\n")
+    assert bb.files.read_bytes(binary, offset=2, limit=1) == lines[1] + b"\n"
+    assert bb.files.read_bytes(binary, offset=4) == lines[3]
+    # A long line is not cut.
+    long = f"{d}/long.txt"
+    big = "x" * (3 * MiB)
+    bb.files.write_file(long, f"short\n{big}\nend\n")
+    assert bb.files.read_file(long, offset=2, limit=1) == big + "\n"
+
+
+def test_read_lines_raw(bb, d):
+    path = f"{d}/lines-raw.txt"
+    bb.files.write_file(path, "1\n2\n3\n")
+    url, headers = dataplane(bb)
+    get = lambda **kw: httpx.get(f"{url}/files/download", params={"path": path, **kw.pop("params", {})},
+                                 headers={**headers, **kw.pop("headers", {})}, timeout=30)
+    r = get(params={"offset": 2, "limit": 1})
+    assert r.status_code == 200 and r.content == b"2\n", f"{r.status_code} {r.text[:200]}"
+    assert r.headers["content-type"].startswith("text/plain"), r.headers
+    for bad in ({"offset": 0, "limit": 1}, {"offset": 1, "limit": 0}, {"offset": -1}, {"limit": "x"}):
+        r = get(params=bad)
+        assert r.status_code == 400, f"{bad}: {r.status_code} {r.text[:200]}"
+        assert r.json()["code"] and r.json()["message"], r.text
+    # Lines and a byte range are mutually exclusive.
+    r = get(params={"offset": 1, "limit": 1}, headers={"Range": "bytes=0-1"})
+    assert r.status_code == 400, f"{r.status_code} {r.text[:200]}"
+    # The Range header alone still works, and so does the whole file.
+    r = get(headers={"Range": "bytes=2-3"})
+    assert r.status_code == 206 and r.content == b"2\n" and r.headers["content-range"] == "bytes 2-3/6"
+    r = get()
+    assert r.status_code == 200 and r.content == b"1\n2\n3\n"
+    r = httpx.get(f"{url}/files/download", params={"path": f"{d}/missing", "offset": 1, "limit": 1},
+                  headers=headers, timeout=30)
+    assert r.status_code == 404, f"{r.status_code} {r.text[:200]}"
+    r = httpx.get(f"{url}/files/download", params={"path": d, "offset": 1, "limit": 1}, headers=headers, timeout=30)
+    assert r.status_code == 400, f"{r.status_code} {r.text[:200]}"
+
+
 def test_file_info(bb, d):
     t0 = datetime.now(timezone.utc)
     path = f"{d}/info.txt"
@@ -237,6 +306,30 @@ def test_directories(bb, d):
     bb.files.delete_directories([base])
     expect_404(bb.files.get_file_info, [base])
     assert sh(bb, f"test -e {base} && echo yes || echo no") == "no"
+
+
+def test_list_directory_depth_zero_and_symlinked_root(bb, d):
+    base = f"{d}/lst"
+    bb.files.create_directories([WriteEntry(path=f"{base}/sub", mode=755)])
+    bb.files.write_file(f"{base}/sub/f.txt", "f")
+    sh(bb, f"ln -s {base}/sub {base}/link")
+    # depth=0: the root's own level only, which a listing never includes: nothing.
+    assert bb.files.list_directory(DirectoryListEntry(path=base, depth=0)) == []
+    listed = {e.path: e for e in bb.files.list_directory(DirectoryListEntry(path=base, depth=5))}
+    # A symlink inside is an entry and is not followed.
+    assert set(listed) == {f"{base}/sub", f"{base}/sub/f.txt", f"{base}/link"}, set(listed)
+    assert listed[f"{base}/link"].entry_type in (None, "symlink")
+    # A symlink as the root is refused with 400, not listed through.
+    with pytest.raises(SandboxApiException) as ei:
+        bb.files.list_directory(DirectoryListEntry(path=f"{base}/link"))
+    assert ei.value.status_code == 400, ei.value
+    url, headers = dataplane(bb)
+    r = httpx.get(f"{url}/directories/list", params={"path": f"{base}/link"}, headers=headers, timeout=30)
+    assert r.status_code == 400 and "symbolic link" in r.json()["message"], f"{r.status_code} {r.text[:200]}"
+    r = httpx.get(f"{url}/directories/list", params={"path": base, "depth": -1}, headers=headers, timeout=30)
+    assert r.status_code == 400, f"{r.status_code} {r.text[:200]}"
+    r = httpx.get(f"{url}/directories/list", params={"path": f"{base}/sub/f.txt"}, headers=headers, timeout=30)
+    assert r.status_code == 400, f"{r.status_code} {r.text[:200]}"
 
 
 def test_files_visible_to_commands_and_back(bb, d):

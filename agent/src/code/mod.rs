@@ -29,7 +29,7 @@ use self::error::{CodeError, Result};
 use self::events::{CodeTx, Events};
 use self::interp::Interp;
 use self::language::Language;
-use crate::config::{AgentConfig, ImageDefaults};
+use crate::config::AgentConfig;
 use crate::session::Sessions;
 use pvisor_proto::agent::{code_event::Kind, CodeContext, RunCodeRequest};
 use std::collections::HashMap;
@@ -101,7 +101,7 @@ impl Contexts {
 
     /// A new context (not registered yet); its interpreter must exist.
     fn build(&self, language: Language, cwd: &str) -> Result<Context> {
-        let cwd = if cwd.is_empty() { self.cfg.workdir().to_string() } else { cwd.to_string() };
+        let cwd = crate::spawn::resolve_cwd(&self.cfg, cwd)?;
         if !std::path::Path::new(&cwd).is_dir() {
             let e = crate::error::AgentError::InvalidArgument(format!("working directory {cwd} does not exist"));
             return Err(e.into());

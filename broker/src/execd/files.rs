@@ -5,13 +5,12 @@ use super::upload_parts::{self, Perms};
 use super::{agent, Sandbox};
 use crate::api::error::{parse_json, ApiError, ApiResult};
 use crate::api::query::Query;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::multipart::MultipartRejection;
 use axum::extract::{Multipart, RawQuery};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use futures::StreamExt;
 use pvisor_proto::agent::*;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -112,109 +111,6 @@ pub async fn upload(
     }
 }
 
-/// Parses a single `Range: bytes=...` against `size` → (start, len).
-fn parse_range(h: &str, size: u64) -> Option<Result<(u64, u64), ()>> {
-    let spec = h.trim().strip_prefix("bytes=")?;
-    if spec.contains(',') {
-        return None;
-    }
-    let (a, b) = spec.split_once('-')?;
-    let r = match (a.trim(), b.trim()) {
-        ("", n) => {
-            let n: u64 = n.parse().ok()?;
-            if n == 0 || size == 0 {
-                Err(())
-            } else {
-                Ok((size.saturating_sub(n), n.min(size)))
-            }
-        }
-        (s, e) => {
-            let s: u64 = s.parse().ok()?;
-            let e: u64 = if e.is_empty() { size.saturating_sub(1) } else { e.parse().ok()? };
-            if s >= size || e < s {
-                Err(())
-            } else {
-                Ok((s, e.min(size - 1) - s + 1))
-            }
-        }
-    };
-    Some(r)
-}
-
-pub async fn download(
-    Extension(sb): Sandbox,
-    who: Who,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
-) -> ApiResult<Response> {
-    let q = Query::parse(raw.as_deref());
-    let path = q.required("path")?.to_string();
-    let mut client = agent(&sb)?;
-    let info = client.stat(request(PathsRequest { paths: vec![path.clone()] }, &who)).await?.into_inner().files;
-    let size = info.first().map(|f| f.size).unwrap_or(0);
-    if info.first().is_some_and(|f| f.r#type == "directory") {
-        return Err(ApiError::bad_request(format!("{path} is a directory")));
-    }
-    let offset: u64 = q.number("offset")?.unwrap_or(0);
-    let limit: Option<u64> = q.number("limit")?;
-    let mut status = StatusCode::OK;
-    let mut content_range = None;
-    let (start, len) = match headers.get(header::RANGE).and_then(|h| h.to_str().ok()).and_then(|h| parse_range(h, size))
-    {
-        Some(Ok((s, n))) => {
-            status = StatusCode::PARTIAL_CONTENT;
-            content_range = Some(format!("bytes {}-{}/{}", s, s + n - 1, size));
-            (s, n)
-        }
-        Some(Err(())) => {
-            let e = ApiError::new(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                "RANGE_NOT_SATISFIABLE",
-                format!("range not satisfiable for a file of {size} bytes"),
-            );
-            let mut r = e.into_response();
-            if let Ok(v) = format!("bytes */{size}").parse() {
-                r.headers_mut().insert(header::CONTENT_RANGE, v);
-            }
-            return Ok(r);
-        }
-        None => {
-            if offset > size {
-                return Err(ApiError::new(
-                    StatusCode::RANGE_NOT_SATISFIABLE,
-                    "RANGE_NOT_SATISFIABLE",
-                    format!("offset {offset} is beyond the end ({size})"),
-                ));
-            }
-            let rest = size - offset;
-            (offset, limit.map_or(rest, |l| l.min(rest)))
-        }
-    };
-    let stream = if len == 0 {
-        None
-    } else {
-        Some(client.download(request(DownloadRequest { path, offset: start, limit: len }, &who)).await?.into_inner())
-    };
-    let body = match stream {
-        None => Body::empty(),
-        Some(s) => Body::from_stream(s.map(|r| r.map(|c| Bytes::from(c.data)).map_err(std::io::Error::other))),
-    };
-    let mut resp = (
-        status,
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-            (header::CONTENT_LENGTH, len.to_string()),
-            (header::ACCEPT_RANGES, "bytes".to_string()),
-        ],
-        body,
-    )
-        .into_response();
-    if let Some(cr) = content_range.and_then(|c| c.parse().ok()) {
-        resp.headers_mut().insert(header::CONTENT_RANGE, cr);
-    }
-    Ok(resp)
-}
-
 pub async fn remove(Extension(sb): Sandbox, who: Who, RawQuery(raw): RawQuery) -> ApiResult<StatusCode> {
     agent(&sb)?.remove_files(request(PathsRequest { paths: paths(&raw)? }, &who)).await?;
     Ok(StatusCode::OK)
@@ -280,20 +176,4 @@ pub async fn make_dirs(Extension(sb): Sandbox, who: Who, body: Bytes) -> ApiResu
 pub async fn remove_dirs(Extension(sb): Sandbox, who: Who, RawQuery(raw): RawQuery) -> ApiResult<StatusCode> {
     agent(&sb)?.remove_dirs(request(PathsRequest { paths: paths(&raw)? }, &who)).await?;
     Ok(StatusCode::OK)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_range;
-
-    #[test]
-    fn ranges() {
-        assert_eq!(parse_range("bytes=0-9", 100), Some(Ok((0, 10))));
-        assert_eq!(parse_range("bytes=90-", 100), Some(Ok((90, 10))));
-        assert_eq!(parse_range("bytes=-5", 100), Some(Ok((95, 5))));
-        assert_eq!(parse_range("bytes=95-200", 100), Some(Ok((95, 5))));
-        assert_eq!(parse_range("bytes=100-", 100), Some(Err(())));
-        assert_eq!(parse_range("bytes=5-1", 100), Some(Err(())));
-        assert_eq!(parse_range("items=0-1", 100), None);
-    }
 }

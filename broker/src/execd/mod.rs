@@ -8,6 +8,7 @@
 pub mod code;
 pub mod code_stream;
 pub mod command;
+pub mod download;
 pub mod fileinfo;
 pub mod files;
 pub mod identity;
@@ -62,7 +63,7 @@ fn file_routes() -> Router {
     Router::new()
         .route("/files/info", get(files::info))
         .route("/files/upload", post(files::upload).layer(axum::extract::DefaultBodyLimit::disable()))
-        .route("/files/download", get(files::download))
+        .route("/files/download", get(download::download))
         .route("/files", delete(files::remove))
         .route("/files/mv", post(files::rename))
         .route("/files/permissions", post(files::permissions))
