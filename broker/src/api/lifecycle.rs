@@ -1,4 +1,5 @@
 //! Lifecycle API handlers (`/v1/sandboxes...`).
+use super::create_fields;
 use super::egress;
 use super::error::{parse_json, ApiError, ApiResult};
 use super::limits;
@@ -9,6 +10,7 @@ use crate::sandbox::backend;
 use crate::sandbox::egress::with_policy_locked;
 use crate::sandbox::launch::{self, LaunchSpec};
 use crate::sandbox::record::rfc3339;
+use crate::sandbox::requested::Requested;
 use crate::sandbox::teardown::teardown;
 use crate::sandbox::templates::Plan;
 use crate::sandbox::{SandboxEntry, State as SbState};
@@ -60,12 +62,19 @@ pub fn view(e: &SandboxEntry) -> SandboxView {
         id: e.id.clone(),
         image: e.origin.snapshot_id.is_none().then(|| ImageRef { uri: e.image_uri.clone() }),
         snapshot_id: e.origin.snapshot_id.clone(),
+        platform: e.requested.platform.clone(),
         status,
         entrypoint: e.entrypoint.clone(),
         created_at: rfc3339(&e.created_at),
         expires_at: s.expires_at.as_ref().map(rfc3339),
         metadata: s.metadata.clone(),
-        extensions: BTreeMap::new(),
+        extensions: e.requested.extensions.clone(),
+        resource_requests: e.requested.resource_requests.clone(),
+        allocation: e.requested.pool_ref.as_ref().map(|p| AllocationView {
+            mode: "pool".into(),
+            pool_ref: p.clone(),
+            state: "allocated".into(),
+        }),
     }
 }
 
@@ -149,7 +158,14 @@ pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> Result<Response
 }
 
 async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant) -> ApiResult<Response> {
-    let req: CreateSandboxRequest = parse_json(&body)?;
+    let raw: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
+    create_fields::check_unknown_fields(&raw)?;
+    let req: CreateSandboxRequest = serde_json::from_value(serde_json::Value::Object(raw)).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", format!("invalid JSON body: {e}"))
+    })?;
+    let platform = req.platform.as_ref().map(create_fields::check_platform).transpose()?;
+    create_fields::check_extensions(req.extensions.as_ref())?;
+    let pool_ref = create_fields::check_pool(req.extensions.as_ref(), ctx.pool.size(), req.snapshot_id.is_some())?;
     if req.template_id.is_some() {
         return Err(unsupported_field("templateId"));
     }
@@ -189,6 +205,10 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         }
     };
     let limits = limits::from_request(req.resource_limits.as_ref(), ctx.default_limits, &ctx.limit_bounds)?;
+    let resource_requests = req.resource_requests.clone().unwrap_or_default();
+    create_fields::check_requests(&resource_requests, &limits, &ctx.limit_bounds)?;
+    let requested =
+        Requested { platform, resource_requests, pool_ref, extensions: req.extensions.clone().unwrap_or_default() };
     let metadata = req.metadata.clone().unwrap_or_default();
     check_metadata(&metadata)?;
     let env = req.env.clone().unwrap_or_default();
@@ -327,6 +347,7 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
             .with_created_at(created_at)
             .with_image_id(image_id)
             .with_origin(origin)
+            .with_requested(requested)
             .with_egress(policy),
     );
     entry.events.push(crate::sandbox::events::EventKind::Ready, None);
@@ -349,6 +370,8 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         entrypoint: v.entrypoint,
         expires_at: v.expires_at,
         metadata: v.metadata,
+        platform: v.platform,
+        extensions: v.extensions,
     };
     Ok((StatusCode::ACCEPTED, Json(resp)).into_response())
 }
@@ -632,6 +655,28 @@ mod tests {
         assert!(parse_time("2026-11-30T04:44:49.797776+00:00").is_some());
         assert!(parse_time("2026-01-01T00:00:00Z").is_some());
         assert!(parse_time("yesterday").is_none());
+    }
+
+    #[test]
+    fn the_view_shows_what_the_create_asked_for_and_omits_what_it_did_not() {
+        let entry = || {
+            SandboxEntry::new("id".into(), "t".into(), "busybox".into(), vec!["sh".into()], None, BTreeMap::new(), None)
+        };
+        let plain = serde_json::to_value(view(&entry())).unwrap();
+        for key in ["platform", "resourceRequests", "allocation", "extensions"] {
+            assert!(plain.get(key).is_none(), "{key} shown for a create that did not give it: {plain}");
+        }
+        let requested = Requested {
+            platform: Some(crate::sandbox::requested::Platform { os: "linux".into(), arch: "amd64".into() }),
+            resource_requests: BTreeMap::from([("memory".into(), "256Mi".into())]),
+            pool_ref: Some("default".into()),
+            extensions: BTreeMap::from([("poolRef".into(), "default".into())]),
+        };
+        let v = serde_json::to_value(view(&entry().with_requested(requested))).unwrap();
+        assert_eq!(v["platform"], serde_json::json!({"os": "linux", "arch": "amd64"}));
+        assert_eq!(v["resourceRequests"], serde_json::json!({"memory": "256Mi"}));
+        assert_eq!(v["allocation"], serde_json::json!({"mode": "pool", "poolRef": "default", "state": "allocated"}));
+        assert_eq!(v["extensions"], serde_json::json!({"poolRef": "default"}));
     }
 
     #[test]

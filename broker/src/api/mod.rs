@@ -5,6 +5,7 @@
 //! `/v1/sandboxes/{id}/networkpolicy` are the egress policy API ([`egress`]).
 pub mod admin;
 pub mod auth;
+pub mod create_fields;
 pub mod diagnostics;
 pub mod egress;
 pub mod error;

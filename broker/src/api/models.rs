@@ -25,6 +25,9 @@ pub struct CreateSandboxRequest {
     pub image: Option<ImageSpec>,
     pub snapshot_id: Option<String>,
     pub template_id: Option<String>,
+    /// Only this host's (`linux` and its architecture); anything else is a 400.
+    #[serde(default)]
+    pub platform: Option<crate::sandbox::requested::Platform>,
     #[serde(default)]
     pub entrypoint: Option<Vec<String>>,
     /// Seconds; absent or null means no automatic expiry.
@@ -32,6 +35,9 @@ pub struct CreateSandboxRequest {
     pub timeout: Option<i64>,
     #[serde(default)]
     pub resource_limits: Option<BTreeMap<String, String>>,
+    /// Checked like `resourceLimits`, at most the limits; shown back.
+    #[serde(default)]
+    pub resource_requests: Option<BTreeMap<String, String>>,
     #[serde(default)]
     pub env: Option<BTreeMap<String, String>>,
     #[serde(default)]
@@ -46,7 +52,15 @@ pub struct CreateSandboxRequest {
     pub credential_proxy: Option<serde_json::Value>,
     #[serde(default)]
     pub lifecycle: Option<serde_json::Value>,
-    /// Opaque to OpenSandbox; pvisor reads `pvisor.io/backend` (`ns`, `vm`).
+    /// Every endpoint here needs its sandbox's token (the endpoint's
+    /// `headers`), so `true` is what every sandbox gets: only parsed (a value
+    /// that is not a bool is a 400), nothing else depends on it.
+    #[serde(default)]
+    #[expect(dead_code, reason = "honoured by every sandbox; parsed to refuse a non-bool")]
+    pub secure_access: Option<bool>,
+    /// Opaque to OpenSandbox, kept and shown back; pvisor reads `pvisor.io/backend`
+    /// (`ns`, `vm`) and `poolRef` (only `default`, the warm workers), and refuses
+    /// `access.renew.extend.seconds` and other `pvisor.io/` keys.
     #[serde(default)]
     pub extensions: Option<BTreeMap<String, String>>,
 }
@@ -77,6 +91,9 @@ pub struct SandboxView {
     pub image: Option<ImageRef>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
+    /// The platform the create asked for (absent: it named none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<crate::sandbox::requested::Platform>,
     pub status: StatusView,
     pub entrypoint: Vec<String>,
     pub created_at: String,
@@ -86,6 +103,23 @@ pub struct SandboxView {
     pub metadata: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub extensions: BTreeMap<String, String>,
+    /// The create's `resourceRequests`, in the request's shape.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub resource_requests: BTreeMap<String, String>,
+    /// Set when a pool (`extensions.poolRef`) served the create.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<AllocationView>,
+}
+
+/// A pool's allocation of a sandbox (OpenSandbox's `AllocationSummary`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationView {
+    /// Always `pool`.
+    pub mode: String,
+    pub pool_ref: String,
+    /// Always `allocated`.
+    pub state: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -99,6 +133,10 @@ pub struct CreateSandboxResponse {
     pub expires_at: Option<String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<crate::sandbox::requested::Platform>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub extensions: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -73,6 +73,9 @@ pub struct SandboxRecord {
     pub egress: Option<serde_json::Value>,
     #[serde(default)]
     pub origin: crate::snapshot::Origin,
+    /// What the create asked for that the API shows back.
+    #[serde(default)]
+    pub requested: crate::sandbox::requested::Requested,
     /// Unset once the sandbox holds no process (failed, terminated).
     #[serde(default)]
     pub worker: Option<WorkerRecord>,
@@ -248,6 +251,7 @@ mod tests {
             metadata: BTreeMap::from([("k".into(), "v".into())]),
             egress: None,
             origin: Default::default(),
+            requested: Default::default(),
             worker: None,
             volumes_in_use: vec![],
             volumes_to_delete: vec![],

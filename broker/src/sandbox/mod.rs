@@ -12,6 +12,7 @@ pub mod net;
 pub mod pool;
 pub mod record;
 pub mod registry;
+pub mod requested;
 pub mod rootfs;
 pub mod teardown;
 pub mod templates;

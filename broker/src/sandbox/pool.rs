@@ -156,6 +156,10 @@ impl WarmWorker {
 /// Delay between a create and the refill it triggers.
 const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// The name a create gives in `extensions.poolRef` to be served by the warm
+/// workers (the only pool this server has).
+pub const WARM_POOL: &str = "default";
+
 /// A small stock of warm workers, refilled in the background.
 pub struct Pool {
     want: usize,
@@ -166,6 +170,11 @@ pub struct Pool {
 impl Pool {
     pub fn new(want: usize) -> Self {
         Pool { want, idle: Mutex::new(VecDeque::new()), refilling: AtomicBool::new(false) }
+    }
+
+    /// How many warm workers it keeps (`--warm-workers`; 0: no pool).
+    pub fn size(&self) -> usize {
+        self.want
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, VecDeque<WarmWorker>> {

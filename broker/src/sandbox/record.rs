@@ -93,6 +93,8 @@ pub struct SandboxEntry {
     pub snapshot_lock: tokio::sync::Mutex<()>,
     /// What snapshots need to know of it (backend, env, its own snapshot).
     pub origin: crate::snapshot::Origin,
+    /// What the create asked for that the API shows back.
+    pub requested: super::requested::Requested,
     /// Where the record is kept on disk (unset in unit tests).
     store: std::sync::OnceLock<std::sync::Arc<crate::durable::SandboxStore>>,
     /// Serializes writes of the record, so the last change is the one on disk.
@@ -117,6 +119,12 @@ impl SandboxEntry {
     /// Records what a snapshot of the sandbox needs (see [`crate::snapshot`]).
     pub fn with_origin(mut self, origin: crate::snapshot::Origin) -> Self {
         self.origin = origin;
+        self
+    }
+
+    /// Records what the create asked for that the API shows back.
+    pub fn with_requested(mut self, requested: super::requested::Requested) -> Self {
+        self.requested = requested;
         self
     }
 
@@ -159,6 +167,7 @@ impl SandboxEntry {
         )
         .with_image_id(rec.image_id.clone())
         .with_origin(rec.origin.clone())
+        .with_requested(rec.requested.clone())
         .with_egress(policy);
         e.created_at = rec.created_at;
         e.events = events;
@@ -208,6 +217,7 @@ impl SandboxEntry {
             metadata: s.metadata,
             egress: self.egress_saved.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             origin: self.origin.clone(),
+            requested: self.requested.clone(),
             worker,
             volumes_in_use,
             volumes_to_delete,
@@ -273,6 +283,7 @@ impl SandboxEntry {
             events,
             snapshot_lock: tokio::sync::Mutex::new(()),
             origin: Default::default(),
+            requested: Default::default(),
             store: Default::default(),
             save_lock: Mutex::new(()),
             egress_saved: Mutex::new(None),
