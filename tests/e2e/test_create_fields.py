@@ -217,3 +217,9 @@ def test_unknown_field_is_400_unless_empty(http):
     assert body["code"] == "UNKNOWN_FIELD" and "gpus" in body["message"]
     created = create_raw(http, with_(futureFlag=False, futureList=[], futureMap={}, futureNull=None))
     delete(http, created["id"])
+
+
+def test_credential_proxy_enabled_must_be_a_bool(http):
+    assert_error_json(http.post("/v1/sandboxes", json=with_(credentialProxy={"enabled": "yes"})), 400)
+    created = create_raw(http, with_(credentialProxy={"enabled": False}))
+    delete(http, created["id"])

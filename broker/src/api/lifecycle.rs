@@ -171,7 +171,7 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
     }
     let volumes = crate::volumes::check(req.volumes.as_deref(), &ctx.volumes.allowed)?;
     let policy = req.network_policy.as_ref().map(Policy::from_json).transpose().map_err(egress::create_error)?;
-    if req.credential_proxy.as_ref().and_then(|c| c.get("enabled")).and_then(|e| e.as_bool()) == Some(true) {
+    if req.credential_proxy.as_ref().and_then(|c| c.enabled) == Some(true) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "CREDENTIAL_PROXY_UNSUPPORTED",

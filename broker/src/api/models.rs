@@ -18,7 +18,8 @@ pub struct ImageAuth {
     pub password: Option<String>,
 }
 
-/// `POST /v1/sandboxes`. Unknown fields are tolerated (newer SDKs send more).
+/// `POST /v1/sandboxes`. A field not listed here is a 400 `UNKNOWN_FIELD` unless it is empty
+/// (null, false, "", [], {}), as a newer SDK may send by default.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateSandboxRequest {
@@ -47,9 +48,8 @@ pub struct CreateSandboxRequest {
     /// The OpenSandbox egress policy (`pvisor_net::policy::api` parses it).
     #[serde(default)]
     pub network_policy: Option<serde_json::Value>,
-    /// The credential vault opt-in (`{"enabled": true}`): not supported yet.
     #[serde(default)]
-    pub credential_proxy: Option<serde_json::Value>,
+    pub credential_proxy: Option<CredentialProxy>,
     #[serde(default)]
     pub lifecycle: Option<serde_json::Value>,
     /// Every endpoint here needs its sandbox's token (the endpoint's
@@ -63,6 +63,14 @@ pub struct CreateSandboxRequest {
     /// `access.renew.extend.seconds` and other `pvisor.io/` keys.
     #[serde(default)]
     pub extensions: Option<BTreeMap<String, String>>,
+}
+
+/// `credentialProxy`, the credential vault opt-in: not supported yet (`enabled: true` is a
+/// 400); `enabled` must be a bool (a string is a 400, not "off").
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CredentialProxy {
+    #[serde(default)]
+    pub enabled: Option<bool>,
 }
 
 /// The status of a sandbox or of a snapshot, as the API shows both.
