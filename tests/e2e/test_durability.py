@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import random
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 from opensandbox.exceptions import SandboxApiException
+from opensandbox.models.sandboxes import PlatformSpec
 from opensandbox.sync import SandboxManagerSync
 from opensandbox.sync.sandbox import SandboxSync
 
@@ -139,8 +141,11 @@ def delete_all(srv) -> None:
 @pytest.mark.parametrize("how", ["sigkill", "sigterm"])
 def test_sandbox_survives_the_broker(durable, how):
     conn = _make_conn(durable.addr)
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}[platform.machine()]
     sb = SandboxSync.create(BUSYBOX, connection_config=conn, resource=SMALL, timeout=timedelta(minutes=20),
-                            metadata={"team": "durable"})
+                            metadata={"team": "durable"}, resource_requests={"memory": "64Mi"},
+                            platform=PlatformSpec(os="linux", arch=arch),
+                            extensions={"poolRef": "default", "team.example.com/k": "v"})
     try:
         sh(sb, "echo kept > /root/f")
         bg = run(sb, "sleep 7777", background=True)
@@ -156,7 +161,9 @@ def test_sandbox_survives_the_broker(durable, how):
         conn = _make_conn(durable.addr)
         after = state_of(durable, sb.id)
         assert after["status"]["state"] == "Running", after
-        for k in ("expiresAt", "createdAt", "metadata", "entrypoint"):
+        assert before["resourceRequests"] == {"memory": "64Mi"} and before["allocation"]["poolRef"] == "default"
+        for k in ("expiresAt", "createdAt", "metadata", "entrypoint", "platform", "resourceRequests", "extensions",
+                  "allocation"):
             assert after[k] == before[k], k
         again = SandboxSync.connect(sb.id, connection_config=conn)
         try:
