@@ -223,3 +223,23 @@ def test_credential_proxy_enabled_must_be_a_bool(http):
     assert_error_json(http.post("/v1/sandboxes", json=with_(credentialProxy={"enabled": "yes"})), 400)
     created = create_raw(http, with_(credentialProxy={"enabled": False}))
     delete(http, created["id"])
+
+
+# ------------------------------------------------------------------- volumes: pvc provisioning hints
+
+
+def test_pvc_provisioning_hints_are_refused_unless_null(conn, http):
+    from opensandbox.models.sandboxes import PVC, Volume
+    from opensandbox.sync import SandboxSync
+
+    before = list_all_ids(http)
+    vol = Volume(name="data", mount_path="/mnt/data", pvc=PVC(claim_name="create-fields-e2e", storage="1Gi"))
+    with pytest.raises(SandboxApiException) as ei:
+        SandboxSync.create(BUSYBOX, connection_config=conn, resource=dict(SMALL), volumes=[vol])
+    assert ei.value.status_code == 400 and ei.value.error.code == "VOLUME::UNSUPPORTED_OPTION"
+    assert "pvc.storage" in ei.value.error.message
+    for hint in ({"storageClass": "fast"}, {"accessModes": ["ReadWriteMany"]}):
+        pvc = {"claimName": "create-fields-e2e", **hint}
+        r = http.post("/v1/sandboxes", json=with_(volumes=[{"name": "d", "mountPath": "/mnt/d", "pvc": pvc}]))
+        assert assert_error_json(r, 400)["code"] == "VOLUME::UNSUPPORTED_OPTION"
+    assert list_all_ids(http) == before

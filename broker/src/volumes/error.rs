@@ -16,6 +16,8 @@ pub enum VolumeError {
     InvalidBackend { name: String, count: usize },
     #[error("volume {name:?}: the {backend} backend is not supported by this server")]
     UnsupportedBackend { name: String, backend: String },
+    #[error("volume {name:?}: pvc.{option} is not supported by this server (its named volumes have no storage class, size or access mode); leave it null")]
+    UnsupportedOption { name: String, option: &'static str },
     #[error("host path {0:?} must be absolute, without `..`, `.`, `//` or a trailing `/`")]
     InvalidHostPath(String),
     #[error("host path {0:?} is not under a prefix this server allows (pvisor serve --allow-host-path)")]
@@ -49,6 +51,7 @@ impl VolumeError {
             VolumeError::UnsupportedBackend { .. } | VolumeError::BackendCannotMount(_) => {
                 "VOLUME::UNSUPPORTED_BACKEND"
             }
+            VolumeError::UnsupportedOption { .. } => "VOLUME::UNSUPPORTED_OPTION",
             VolumeError::InvalidHostPath(_) => "VOLUME::INVALID_HOST_PATH",
             VolumeError::HostPathNotAllowed(_) => "VOLUME::HOST_PATH_NOT_ALLOWED",
             VolumeError::InvalidPvcName(_) => "VOLUME::INVALID_PVC_NAME",

@@ -42,6 +42,15 @@ struct PvcWire {
     create_if_not_exists: Option<bool>,
     #[serde(default)]
     delete_on_sandbox_termination: Option<bool>,
+    /// Kubernetes' provisioning hints: a named volume here is a directory
+    /// under the data dir, with no class, size bound or access mode, so only
+    /// null (the SDK's default) is accepted.
+    #[serde(default)]
+    storage_class: Option<Value>,
+    #[serde(default)]
+    storage: Option<Value>,
+    #[serde(default)]
+    access_modes: Option<Value>,
 }
 
 /// Where a checked volume's content comes from.
@@ -176,6 +185,10 @@ fn check_one(w: Wire, allowed: &[AllowedPrefix]) -> Result<Checked, VolumeError>
             serde_json::from_value(p).map_err(|e| VolumeError::Malformed(format!("{}: pvc: {e}", w.name)))?;
         if !is_dns_subdomain(&p.claim_name) {
             return Err(VolumeError::InvalidPvcName(p.claim_name));
+        }
+        let hints = [("storageClass", &p.storage_class), ("storage", &p.storage), ("accessModes", &p.access_modes)];
+        if let Some((option, _)) = hints.iter().find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null())) {
+            return Err(VolumeError::UnsupportedOption { name: w.name, option });
         }
         Source::Named {
             claim: p.claim_name,
@@ -326,5 +339,19 @@ mod tests {
         assert_eq!(code(with("a..b")), "VOLUME::INVALID_PVC_NAME");
         assert_eq!(code(with(&"a".repeat(254))), "VOLUME::INVALID_PVC_NAME");
         assert_eq!(code(with("data.v1")), "OK");
+    }
+
+    #[test]
+    fn pvc_provisioning_hints_are_refused_unless_null() {
+        let with = |k: &str, v: Value| json!({"name":"a","mountPath":"/m","pvc":{"claimName": "c", k: v}});
+        for k in ["storageClass", "storage", "accessModes"] {
+            assert_eq!(code(with(k, Value::Null)), "OK", "{k}: null is the SDK's default");
+        }
+        assert_eq!(code(with("storageClass", json!("fast"))), "VOLUME::UNSUPPORTED_OPTION");
+        assert_eq!(code(with("storage", json!("1Gi"))), "VOLUME::UNSUPPORTED_OPTION");
+        assert_eq!(code(with("accessModes", json!(["ReadWriteOnce"]))), "VOLUME::UNSUPPORTED_OPTION");
+        let list = json!([with("storage", json!("1Gi"))]);
+        let e = check(Some(list.as_array().unwrap()), &prefixes()).unwrap_err();
+        assert!(e.to_string().contains("pvc.storage"), "{e}");
     }
 }
