@@ -17,9 +17,7 @@ use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use common::*;
 use pvisor_net::plan;
 use pvisor_proto::net::NetConfig;
-use smoltcp::wire::{
-    EthernetAddress, EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Packet, TcpPacket, TcpSeqNumber,
-};
+use smoltcp::wire::{IpProtocol, Ipv4Packet, TcpPacket};
 
 const DOWNLOAD: usize = 64 << 10;
 const FIRST_WINDOW: u16 = 1000;
@@ -52,31 +50,7 @@ fn segment_to_guest(frame: &[u8]) -> Option<Segment> {
 
 /// An ACK from the guest acknowledging `ack` and offering `window`.
 fn ack_frame(dst: SocketAddrV4, seq: u32, ack: u32, window: u16) -> Vec<u8> {
-    let mut f = vec![0u8; 14 + 20 + 20];
-    let mut eth = EthernetFrame::new_unchecked(&mut f[..]);
-    eth.set_dst_addr(EthernetAddress(plan::GATEWAY_MAC));
-    eth.set_src_addr(GUEST_MAC);
-    eth.set_ethertype(EthernetProtocol::Ipv4);
-    let mut ip = Ipv4Packet::new_unchecked(&mut f[14..]);
-    ip.set_version(4);
-    ip.set_header_len(20);
-    ip.set_total_len(40);
-    ip.set_hop_limit(64);
-    ip.set_next_header(IpProtocol::Tcp);
-    ip.set_src_addr(plan::SANDBOX_IP);
-    ip.set_dst_addr(*dst.ip());
-    ip.fill_checksum();
-    let mut tcp = TcpPacket::new_unchecked(&mut f[34..]);
-    tcp.set_src_port(GUEST_PORT);
-    tcp.set_dst_port(dst.port());
-    tcp.set_seq_number(TcpSeqNumber(seq as i32));
-    tcp.set_ack_number(TcpSeqNumber(ack as i32));
-    tcp.set_header_len(20);
-    tcp.clear_flags();
-    tcp.set_ack(true);
-    tcp.set_window_len(window);
-    tcp.fill_checksum(&IpAddress::Ipv4(plan::SANDBOX_IP), &IpAddress::Ipv4(*dst.ip()));
-    f
+    tcp_frame(GUEST_PORT, dst, seq, Some(ack), window, &[])
 }
 
 #[test]

@@ -234,6 +234,12 @@ pub fn syn_frame(src_port: u16, dst: SocketAddrV4, seq: u32) -> Vec<u8> {
 
 /// A TCP SYN carrying `options` (a multiple of 4 bytes).
 pub fn syn_frame_with(src_port: u16, dst: SocketAddrV4, seq: u32, options: &[u8]) -> Vec<u8> {
+    tcp_frame(src_port, dst, seq, None, 65535, options)
+}
+
+/// A TCP segment from the guest's `src_port` to `dst`, without data: a SYN
+/// when `ack` is `None`, else an ACK of `ack`, offering `window`.
+pub fn tcp_frame(src_port: u16, dst: SocketAddrV4, seq: u32, ack: Option<u32>, window: u16, options: &[u8]) -> Vec<u8> {
     let tcp_len = 20 + options.len();
     let mut f = vec![0u8; 14 + 20 + tcp_len];
     let mut eth = EthernetFrame::new_unchecked(&mut f[..]);
@@ -255,9 +261,15 @@ pub fn syn_frame_with(src_port: u16, dst: SocketAddrV4, seq: u32, options: &[u8]
     tcp.set_seq_number(TcpSeqNumber(seq as i32));
     tcp.set_header_len(tcp_len as u8);
     tcp.clear_flags();
-    tcp.set_syn(true);
+    match ack {
+        None => tcp.set_syn(true),
+        Some(ack) => {
+            tcp.set_ack(true);
+            tcp.set_ack_number(TcpSeqNumber(ack as i32));
+        }
+    }
     tcp.options_mut().copy_from_slice(options);
-    tcp.set_window_len(65535);
+    tcp.set_window_len(window);
     tcp.fill_checksum(&IpAddress::Ipv4(plan::SANDBOX_IP), &IpAddress::Ipv4(*dst.ip()));
     f
 }
