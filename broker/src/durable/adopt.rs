@@ -4,7 +4,8 @@
 //! thawed in case a snapshot's capture froze it when the broker died, its
 //! deadline sent again, its exit watched through the pidfd); a record whose
 //! sandbox no longer runs is shown as it ended; a dropped one is removed.
-use super::recover::{Fate, Found};
+use super::proc;
+use super::recover::{Fate, Found, WORKER_EXITED, WORKER_EXITED_MESSAGE};
 use super::store::SandboxRecord;
 use crate::sandbox::record::Runtime;
 use crate::sandbox::{launch, SandboxEntry, State};
@@ -17,6 +18,8 @@ use std::time::Duration;
 
 /// How long a re-adopted worker may take to answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a worker that does not answer is given to finish exiting.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
 
 /// Re-adopts every record, all at once; returns how many sandboxes run.
 pub async fn adopt_all(ctx: &Arc<Ctx>, found: Vec<Found>) -> usize {
@@ -53,11 +56,22 @@ async fn adopt_one(ctx: Arc<Ctx>, Found { rec, fate }: Found) -> bool {
                 true
             }
             Err(msg) => {
-                tracing::warn!(sandbox = %rec.id, "{msg}");
-                crate::durable::proc::pidfd_signal(&pidfd, libc::SIGKILL);
+                // A worker killed just before this start may still be exiting: its
+                // threads end after /proc already shows it a zombie, and the pidfd
+                // reports the exit only then. One that ends within the grace exited;
+                // it was not unreachable.
+                let exited = tokio::time::timeout(EXIT_GRACE, proc::wait_exit(&pidfd)).await.is_ok();
+                let (reason, msg) = if exited {
+                    tracing::info!(sandbox = %rec.id, "the worker exited while the broker was down");
+                    (WORKER_EXITED, WORKER_EXITED_MESSAGE.to_string())
+                } else {
+                    tracing::warn!(sandbox = %rec.id, "{msg}");
+                    proc::pidfd_signal(&pidfd, libc::SIGKILL);
+                    ("WORKER_UNREACHABLE", msg)
+                };
                 let entry =
                     insert(&ctx, SandboxEntry::restored(&rec, runtime_without_channel(&ctx, &rec, pidfd)), false);
-                entry.set_state(State::Failed, Some("WORKER_UNREACHABLE".into()), Some(msg));
+                entry.set_state(State::Failed, Some(reason.into()), Some(msg));
                 crate::sandbox::teardown::teardown(&entry).await;
                 false
             }

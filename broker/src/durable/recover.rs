@@ -12,6 +12,8 @@ use std::sync::Arc;
 
 /// Reason of a sandbox whose worker died while no broker ran.
 pub const WORKER_EXITED: &str = "WORKER_EXITED";
+/// The message of [`WORKER_EXITED`].
+pub const WORKER_EXITED_MESSAGE: &str = "the sandbox's worker exited while the broker was down";
 /// Reason of a sandbox that ran when its host went down.
 pub const HOST_RESTARTED: &str = "HOST_RESTARTED";
 /// Reason of a sandbox whose root (its image server) is gone.
@@ -121,7 +123,7 @@ pub fn recover(data_dir: &Path, run_dir: &Path, durable: bool) -> Result<Recover
                 Fate::Adopt(fd)
             }
         } else {
-            end(&mut rec, "Failed", WORKER_EXITED, "the sandbox's worker exited while the broker was down");
+            end(&mut rec, "Failed", WORKER_EXITED, WORKER_EXITED_MESSAGE);
             Fate::Ended
         };
         found.push(Found { rec, fate });
