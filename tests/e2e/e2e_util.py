@@ -36,6 +36,16 @@ EXECD_PORT = 44772
 EGRESS_PORT = 18080
 
 
+# A warm worker's disk made ahead: `<data>/sandboxes/.ahead-<slot>`, not a sandbox's.
+AHEAD = ".ahead-"
+
+
+def sandbox_dirs(srv) -> set[str]:
+    """The sandboxes' state dirs (not the warm workers' disks made ahead)."""
+    d = srv.data_dir / "sandboxes"
+    return {p.name for p in d.iterdir() if not p.name.startswith(AHEAD)} if d.is_dir() else set()
+
+
 def stdout_text(ex: Execution) -> str:
     """Stdout as the SDK renders it (lines joined with \\n, no trailing newline)."""
     return _format_output_messages(ex.logs.stdout)

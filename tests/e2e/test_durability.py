@@ -32,7 +32,7 @@ from opensandbox.sync import SandboxManagerSync
 from opensandbox.sync.sandbox import SandboxSync
 
 from conftest import SUITE_BACKEND, _make_conn, _start_server, pvisor_bin
-from e2e_util import BUSYBOX, dataplane, run, sh, wait_until
+from e2e_util import AHEAD, BUSYBOX, dataplane, run, sandbox_dirs, sh, wait_until
 
 SMALL = {"cpu": "1", "memory": "128Mi"}
 SETTLE = 30.0  # seconds a process or file may take to go away
@@ -102,15 +102,6 @@ def memory_group_of(pid: int) -> str | None:
     except OSError:
         pass
     return None
-
-
-AHEAD = ".ahead-"
-
-
-def sandbox_dirs(srv) -> set[str]:
-    """The sandboxes' state dirs (not the warm workers' disks made ahead: `ahead_dirs`)."""
-    d = srv.data_dir / "sandboxes"
-    return {p.name for p in d.iterdir() if not p.name.startswith(AHEAD)} if d.is_dir() else set()
 
 
 def ahead_dirs(srv) -> set[str]:

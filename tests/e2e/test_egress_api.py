@@ -18,7 +18,7 @@ from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, N
 from opensandbox.sync import SandboxSync
 
 from conftest import _make_conn, _start_server
-from e2e_util import BUSYBOX, EGRESS_PORT, SMALL, assert_error_json, sh, wait_until
+from e2e_util import BUSYBOX, EGRESS_PORT, SMALL, assert_error_json, sandbox_dirs, sh, wait_until
 
 
 def rules(policy: NetworkPolicy) -> list[tuple[str, str]]:
@@ -34,11 +34,6 @@ def egress_client(sb: SandboxSync, **headers: str) -> httpx.Client:
 
 def sandbox_ids(http) -> set[str]:
     return {i["id"] for i in http.get("/v1/sandboxes", params={"pageSize": 200}).json()["items"]}
-
-
-def sandbox_dirs(srv) -> set[str]:
-    d = srv.data_dir / "sandboxes"
-    return {p.name for p in d.iterdir()} if d.is_dir() else set()
 
 
 # ------------------------------------------------------------------- the SDK's calls
