@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -34,6 +35,27 @@ PS = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; don
 
 EXECD_PORT = 44772
 EGRESS_PORT = 18080
+
+
+# A create body of the raw API that succeeds (what the SDK sends by default).
+RAW_CREATE = {
+    "image": {"uri": BUSYBOX},
+    "timeout": 600,
+    "resourceLimits": SMALL,
+    "entrypoint": ["tail", "-f", "/dev/null"],
+    "secureAccess": False,
+}
+
+
+def create_body(base: dict = RAW_CREATE, /, **changes: Any) -> dict:
+    """A deep copy of `base` with `changes` applied; a change to `...` removes the field."""
+    body = json.loads(json.dumps(base))
+    for k, v in changes.items():
+        if v is ...:
+            body.pop(k, None)
+        else:
+            body[k] = v
+    return body
 
 
 # A warm worker's disk made ahead: `<data>/sandboxes/.ahead-<slot>`, not a sandbox's.

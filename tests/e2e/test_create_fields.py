@@ -4,32 +4,23 @@ does not define. Each is served and shown back, or refused with a 400 {code, mes
 
 from __future__ import annotations
 
-import json
 import platform as host_platform
 
 import pytest
 from opensandbox.exceptions import SandboxApiException
 from opensandbox.models.sandboxes import PlatformSpec
 
-from e2e_util import BUSYBOX, SMALL, assert_error_json, list_all_ids, sh
+from e2e_util import BUSYBOX, RAW_CREATE, SMALL, assert_error_json, create_body, list_all_ids, sh
 
 HOST_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}[host_platform.machine()]
 OTHER_ARCH = "arm64" if HOST_ARCH == "amd64" else "amd64"
 UNAME_ARCH = host_platform.machine()
 
-VALID = {
-    "image": {"uri": BUSYBOX},
-    "timeout": 600,
-    "resourceLimits": SMALL,
-    "entrypoint": ["tail", "-f", "/dev/null"],
-    "secureAccess": False,
-}
+VALID = RAW_CREATE
 
 
 def with_(**changes):
-    body = json.loads(json.dumps(VALID))
-    body.update(changes)
-    return body
+    return create_body(**changes)
 
 
 def create_raw(http, body) -> dict:

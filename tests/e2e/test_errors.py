@@ -15,6 +15,7 @@ from opensandbox.sync import SandboxSync
 
 from e2e_util import (
     BUSYBOX,
+    create_body,
     SMALL,
     assert_error_json,
     dataplane,
@@ -31,13 +32,7 @@ VALID = {
 
 
 def with_(**changes):
-    body = json.loads(json.dumps(VALID))
-    for k, v in changes.items():
-        if v is ...:
-            body.pop(k, None)
-        else:
-            body[k] = v
-    return body
+    return create_body(VALID, **changes)
 
 
 # ------------------------------------------------------------------- create validation

@@ -22,6 +22,7 @@ from e2e_util import (
     EGRESS_PORT,
     EXECD_PORT,
     PYTHON,
+    RAW_CREATE,
     SMALL,
     TOOLS,
     assert_error_json,
@@ -31,14 +32,6 @@ from e2e_util import (
     sh,
     wait_until,
 )
-
-RAW_CREATE = {
-    "image": {"uri": BUSYBOX},
-    "timeout": 600,
-    "resourceLimits": SMALL,
-    "entrypoint": ["tail", "-f", "/dev/null"],
-    "secureAccess": False,
-}
 
 
 def now() -> datetime:
