@@ -97,8 +97,9 @@ pub struct SandboxEntry {
     pub requested: super::requested::Requested,
     /// Where the record is kept on disk (unset in unit tests).
     store: std::sync::OnceLock<std::sync::Arc<crate::durable::SandboxStore>>,
-    /// Serializes writes of the record, so the last change is the one on disk.
-    save_lock: Mutex<()>,
+    /// Serializes writes of the record, so the last change is the one on
+    /// disk; true once the record is removed (a late save must not bring it back).
+    save_lock: Mutex<bool>,
     /// The egress policy as last saved (the live one is behind an async lock).
     egress_saved: Mutex<Option<serde_json::Value>>,
 }
@@ -229,7 +230,10 @@ impl SandboxEntry {
     /// is fine, only a restart would not find this change).
     pub fn save(&self) {
         let Some(store) = self.store.get() else { return };
-        let _serial = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let forgotten = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if *forgotten {
+            return;
+        }
         if let Err(e) = store.write(&self.to_record()) {
             tracing::error!(sandbox = %self.id, "saving the sandbox's record: {e}");
         }
@@ -244,7 +248,8 @@ impl SandboxEntry {
     /// Removes the record from disk (the sandbox is gone for good).
     pub fn forget(&self) {
         let Some(store) = self.store.get() else { return };
-        let _serial = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut forgotten = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
+        *forgotten = true;
         if let Err(e) = store.remove(&self.id) {
             tracing::error!(sandbox = %self.id, "removing the sandbox's record: {e}");
         }
@@ -285,7 +290,7 @@ impl SandboxEntry {
             origin: Default::default(),
             requested: Default::default(),
             store: Default::default(),
-            save_lock: Mutex::new(()),
+            save_lock: Mutex::new(false),
             egress_saved: Mutex::new(None),
         }
     }
@@ -394,5 +399,26 @@ impl SandboxEntry {
             return Err(ApiError::conflict("SANDBOX_PAUSED", format!("sandbox {} is paused", self.id)));
         }
         self.channel()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_save_after_forget_does_not_bring_the_record_back() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let store = std::sync::Arc::new(crate::durable::SandboxStore::open(d.path()).expect("open"));
+        let id = "0123abcd-0000-4000-8000-000000000000";
+        let e = SandboxEntry::new(id.into(), "t".into(), "img".into(), vec![], None, BTreeMap::new(), None);
+        e.attach_store(store.clone());
+        e.save();
+        assert_eq!(store.load().expect("load").len(), 1);
+        e.forget();
+        // A teardown or state change that finishes after the delete.
+        e.set_state(State::Failed, Some("WORKER_EXITED".into()), None);
+        e.save();
+        assert!(store.load().expect("load").is_empty());
     }
 }

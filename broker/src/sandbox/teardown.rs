@@ -3,13 +3,16 @@ use super::record::Runtime;
 use super::SandboxEntry;
 use std::sync::Arc;
 
-/// Releases everything the sandbox holds. Safe to call more than once.
+/// Releases everything the sandbox holds, then saves its record without a
+/// worker (a later broker has nothing of it to find). Safe to call more
+/// than once.
 pub async fn teardown(entry: &Arc<SandboxEntry>) {
     let Some(rt) = entry.take_runtime() else {
         return;
     };
     let id = entry.id.clone();
     let _ = tokio::task::spawn_blocking(move || release(&id, rt)).await;
+    entry.save();
 }
 
 fn release(id: &str, rt: Runtime) {
