@@ -112,6 +112,12 @@ def test_schemathesis_finds_nothing(fuzz_server, tmp_path):
     took = time.monotonic() - t0
     out = r.stdout[-12000:] + "\n" + r.stderr[-4000:]
     print(f"\nschemathesis exited {r.returncode} after {took:.0f}s\n{out}")
+    # Whatever the fuzzer did to it (pause, renew, policies), its sandbox must not have failed:
+    # a worker that died under fuzzing shows here with its reason, not as one odd 5xx.
+    with httpx.Client(base_url=fuzz_server.url, timeout=30, headers={"OPEN-SANDBOX-API-KEY": API_KEY}) as c:
+        st = c.get(f"/v1/sandboxes/{sandbox}")
+    status = st.json().get("status", {}) if st.status_code == 200 else {}
+    assert status.get("state") != "Failed", f"the fuzzed sandbox failed: {status}"
     assert r.returncode == 0, f"schemathesis found problems (exit {r.returncode}):\n{out}"
     assert "generated" in out and " passed" in out, out
     assert fuzz_server.alive(), "the broker died under fuzzing"
