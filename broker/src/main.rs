@@ -1,5 +1,6 @@
 //! `pvisor`: the broker daemon (`serve`) and a CLI for it.
 mod api;
+mod catalog;
 mod cli;
 mod durable;
 mod execd;
@@ -117,6 +118,11 @@ enum Cmd {
         /// default.
         #[arg(long)]
         vm_templates: bool,
+        /// Sandboxes started ahead of demand for each template of the API
+        /// (`/v1/templates`), so a create from the template takes one that
+        /// already runs; 0 for none.
+        #[arg(long, default_value_t = 1)]
+        template_warm: usize,
         /// How long a create waits for its sandbox to be ready (worker started, machine
         /// booted or restored, agent configured) before it fails and is cleaned up. Keep
         /// it below the clients' request timeout (the SDK's is 30 s by default).
@@ -366,6 +372,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
             log_format: _,
             memory_merge,
             vm_templates,
+            template_warm,
             ready_timeout_secs,
         } => {
             let data_dir = data_dir.unwrap_or_else(server::default_data_dir);
@@ -390,6 +397,7 @@ async fn run(cli: Cli) -> Result<i32, String> {
                 disk_limit,
                 memory_merge,
                 vm_templates,
+                template_warm,
                 ready_timeout: std::time::Duration::from_secs(ready_timeout_secs),
             })
             .await?;

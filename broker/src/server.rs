@@ -76,6 +76,8 @@ pub struct Ctx {
     pub memory_merge: Option<crate::sandbox::ksm::HostKsm>,
     /// `--vm-templates` (where the vm backend is available).
     pub templates: Option<crate::sandbox::templates::Templates>,
+    /// The API's templates (`<data>/catalog`) and their warm sandboxes.
+    pub catalog: crate::catalog::Catalog,
     /// `--ready-timeout-secs`: how long a create waits for its worker's Ready.
     pub ready_timeout: std::time::Duration,
 }
@@ -124,6 +126,8 @@ pub struct ServeOptions {
     pub memory_merge: bool,
     /// `--vm-templates`.
     pub vm_templates: bool,
+    /// `--template-warm`: sandboxes started ahead per API template.
+    pub template_warm: usize,
     /// `--ready-timeout-secs`.
     pub ready_timeout: std::time::Duration,
 }
@@ -384,6 +388,7 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         }
         (false, _) => None,
     };
+    let catalog = crate::catalog::Catalog::open(&o.data_dir, o.template_warm)?;
     let ctx = Ctx {
         listen: o.listen,
         data_dir: o.data_dir,
@@ -422,6 +427,7 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         http: o.http,
         memory_merge,
         templates,
+        catalog,
         ready_timeout: o.ready_timeout,
     };
     Ok((ctx, recovery.found))
@@ -459,6 +465,8 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
     // Warm workers first: the first request after a restart should not pay
     // for starting one.
     Pool::fill_now(&ctx).await;
+    // Then the templates' warm sandboxes, in the background.
+    crate::catalog::warm::top_up_all(&ctx);
     let listener =
         tokio::net::TcpListener::bind(ctx.listen).await.map_err(|e| format!("listen on {}: {e}", ctx.listen))?;
     expiry::spawn(ctx.clone());
@@ -474,6 +482,8 @@ pub async fn serve(o: ServeOptions) -> Result<(), String> {
     // Open streams (SSE, metrics/watch) would hold a graceful shutdown
     // forever: give them a few seconds, then tear down regardless.
     crate::http::conn::serve(listener, app, &ctx.http, shutdown_signal(), SHUTDOWN_GRACE).await;
+    // Sandboxes nobody has yet end with the broker either way (the next one starts its own).
+    crate::catalog::warm::discard(ctx.catalog.warm.close().await).await;
     if ctx.durable {
         // Sandboxes and the image servers they use keep running; their
         // records are current, and the next broker re-adopts them. Servers

@@ -1,7 +1,7 @@
 //! pvisor's own admin API for the CLI (`/pvisor/...`): images, the
 //! sandboxes with what an operator needs to find them on the host (backend,
-//! worker pid, cgroup) for `pvisor ps`, their figures for `pvisor stats`, and
-//! memory merging.
+//! worker pid, cgroup) for `pvisor ps`, their figures for `pvisor stats`,
+//! memory merging, and the templates' warm sandboxes.
 use super::error::ApiResult;
 use crate::api::error::ApiError;
 use crate::server::Ctx;
@@ -17,7 +17,58 @@ pub fn router() -> OpenApiRouter<Arc<Ctx>> {
         .routes(routes!(sandboxes))
         .routes(routes!(stats))
         .routes(routes!(memory_merge))
+        .routes(routes!(templates))
         .route("/sandboxes/{id}/pty", axum::routing::get(super::pty::pty))
+}
+
+/// A sandbox started ahead for a template, not handed out yet.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmSandboxView {
+    /// The id it will have once handed out.
+    pub id: String,
+    pub worker_pid: Option<u32>,
+    pub started_at: String,
+}
+
+/// A template of the API and its warm sandboxes.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateWarmView {
+    pub template_id: String,
+    pub image: String,
+    /// How many it keeps (`--template-warm`).
+    pub want: usize,
+    /// Those ready to be handed out (past the template's readiness gate).
+    pub ready: Vec<WarmSandboxView>,
+}
+
+/// The templates (newest first) with the sandboxes started ahead for each.
+#[utoipa::path(get, path = "/templates", tag = "pvisor",
+    responses((status = 200, description = "the templates' warm sandboxes", body = Vec<TemplateWarmView>)))]
+async fn templates(State(ctx): State<Arc<Ctx>>) -> Json<Vec<TemplateWarmView>> {
+    let warm = &ctx.catalog.warm;
+    let list = ctx
+        .catalog
+        .store
+        .list()
+        .into_iter()
+        .map(|t| TemplateWarmView {
+            ready: warm
+                .ready_of(&t.id)
+                .into_iter()
+                .map(|(id, worker_pid, at)| WarmSandboxView {
+                    id,
+                    worker_pid,
+                    started_at: crate::sandbox::record::rfc3339(&at),
+                })
+                .collect(),
+            template_id: t.id,
+            image: t.image,
+            want: warm.want(),
+        })
+        .collect();
+    Json(list)
 }
 
 /// One sandbox as `pvisor ps` shows it.

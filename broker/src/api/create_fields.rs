@@ -176,6 +176,11 @@ pub fn check_extensions(extensions: Option<&BTreeMap<String, String>>) -> Result
 /// A top-level field the API does not define is refused, unless it holds an
 /// empty value (null, false, "", [], {}), which a newer SDK may send by default.
 pub fn check_unknown_fields(body: &serde_json::Map<String, serde_json::Value>) -> Result<(), FieldError> {
+    check_fields(body, &KNOWN_FIELDS)
+}
+
+/// [`check_unknown_fields`] for another body and its fields.
+pub fn check_fields(body: &serde_json::Map<String, serde_json::Value>, known: &[&str]) -> Result<(), FieldError> {
     use serde_json::Value;
     for (k, v) in body {
         let empty = match v {
@@ -185,7 +190,7 @@ pub fn check_unknown_fields(body: &serde_json::Map<String, serde_json::Value>) -
             Value::Object(o) => o.is_empty(),
             _ => false,
         };
-        if !empty && !KNOWN_FIELDS.contains(&k.as_str()) {
+        if !empty && !known.contains(&k.as_str()) {
             return Err(FieldError::UnknownField(k.clone()));
         }
     }

@@ -33,14 +33,16 @@ const MAX_TIMEOUT_SECS: i64 = 30 * 24 * 3600;
 const RESERVED_METADATA_PREFIX: &str = "opensandbox.io/";
 pub const EXECD_PORT: u16 = 44772;
 pub const TOKEN_HEADER: &str = "X-EXECD-ACCESS-TOKEN";
+/// What backs a sandbox, for the SDK: `template` (OpenSandbox's one value).
+pub const ORIGIN_HEADER: &str = "OPEN-SANDBOX-ORIGIN";
 
-fn new_id() -> String {
+pub fn new_id() -> String {
     let b: [u8; 16] = rand::random();
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
     format!("{}-{}-4{}-{}-{}", &h[0..8], &h[8..12], &h[13..16], &h[16..20], &h[20..32])
 }
 
-fn new_token() -> String {
+pub fn new_token() -> String {
     let b: [u8; 24] = rand::random();
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -78,7 +80,7 @@ pub fn view(e: &SandboxEntry) -> SandboxView {
     }
 }
 
-fn check_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
+pub fn check_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
     for k in m.keys() {
         if k.is_empty() {
             return Err(ApiError::bad_request("metadata keys must not be empty"));
@@ -102,7 +104,7 @@ fn unsupported_field(name: &str) -> ApiError {
 
 /// The image of a create: from the pool, or pulled into it first when the
 /// server allows pulls (`pvisor serve --allow-pull`).
-async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pvisor_images::ImageRecord> {
+pub async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pvisor_images::ImageRecord> {
     let not_found = |e: &dyn std::fmt::Display| {
         ApiError::new(StatusCode::NOT_FOUND, "IMAGE_NOT_FOUND", format!("image {:?}: {e}", image.uri))
     };
@@ -163,12 +165,123 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
     let req: CreateSandboxRequest = serde_json::from_value(serde_json::Value::Object(raw)).map_err(|e| {
         ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST_BODY", format!("invalid JSON body: {e}"))
     })?;
+    // A blank templateId names no template (as the reference).
+    let template = req.template_id.as_deref().map(str::trim).filter(|t| !t.is_empty()).map(str::to_owned);
+    let entry = match template {
+        Some(t) => crate::catalog::sandboxes::create(&ctx, &t, req, started).await?,
+        None => {
+            let launched = launch_request(&ctx, &req, new_id(), started).await?;
+            register(&ctx, launched, None, started)
+        }
+    };
+    Ok((StatusCode::ACCEPTED, Json(created_view(&entry))).into_response())
+}
+
+/// The 202's body.
+fn created_view(entry: &SandboxEntry) -> CreateSandboxResponse {
+    let v = view(entry);
+    CreateSandboxResponse {
+        id: v.id,
+        status: v.status,
+        created_at: v.created_at,
+        entrypoint: v.entrypoint,
+        expires_at: v.expires_at,
+        metadata: v.metadata,
+        platform: v.platform,
+        extensions: v.extensions,
+    }
+}
+
+/// A create's `timeout`, checked (seconds; None: no automatic expiry).
+pub fn check_timeout(timeout: Option<i64>) -> ApiResult<Option<i64>> {
+    match timeout {
+        None => Ok(None),
+        Some(t) if (1..=MAX_TIMEOUT_SECS).contains(&t) => Ok(Some(t)),
+        Some(t) => {
+            Err(ApiError::bad_request(format!("timeout must be between 1 and {MAX_TIMEOUT_SECS} seconds, got {t}")))
+        }
+    }
+}
+
+/// A sandbox started for a create, not in the registry yet ([`register`]
+/// puts it there); a template's warm sandbox waits in this shape (see
+/// [`crate::catalog::warm`]).
+pub struct Launched {
+    pub id: String,
+    pub image_uri: String,
+    pub image_id: String,
+    pub entrypoint: Vec<String>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub metadata: BTreeMap<String, String>,
+    pub requested: Requested,
+    pub origin: Origin,
+    pub policy: Option<Policy>,
+    pub runtime: crate::sandbox::record::Runtime,
+    pub child: tokio::process::Child,
+}
+
+impl Launched {
+    /// Its record (with a fresh endpoint token), not registered; and its worker process.
+    pub fn into_entry(self, created: Option<String>) -> (SandboxEntry, tokio::process::Child) {
+        let mut entry = SandboxEntry::new(
+            self.id,
+            new_token(),
+            self.image_uri,
+            self.entrypoint,
+            self.expires_at,
+            self.metadata,
+            self.runtime,
+        )
+        .with_created_at(self.created_at)
+        .with_image_id(self.image_id)
+        .with_origin(self.origin)
+        .with_requested(self.requested)
+        .with_egress(self.policy);
+        if created.is_some() {
+            let events = crate::sandbox::events::EventLog::default();
+            events.push(crate::sandbox::events::EventKind::Created, created);
+            entry.events = events;
+        }
+        (entry, self.child)
+    }
+}
+
+/// Makes a launched sandbox known: its record on disk, then the registry,
+/// its worker watched. `created`: a detail of its Created event.
+pub fn register(
+    ctx: &Arc<Ctx>,
+    launched: Launched,
+    created: Option<String>,
+    started: std::time::Instant,
+) -> Arc<SandboxEntry> {
+    let log = launched.runtime.log.clone();
+    let (entry, child) = launched.into_entry(created);
+    let entry = Arc::new(entry);
+    entry.events.push(crate::sandbox::events::EventKind::Ready, None);
+    // On disk before anyone learns of it: a restarted broker finds it.
+    if ctx.persist {
+        entry.attach_store(ctx.state.clone());
+        entry.save();
+    }
+    ctx.registry.insert(entry.clone());
+    launch::monitor(ctx.clone(), entry.clone(), child, log);
+    crate::metrics::events().created(&entry.id, entry.backend_name(), started);
+    tracing::info!(sandbox = %entry.id, image = %entry.image_uri, "created");
+    entry
+}
+
+/// Validates a create and starts its sandbox (`id`), up to its worker's Ready.
+pub async fn launch_request(
+    ctx: &Arc<Ctx>,
+    req: &CreateSandboxRequest,
+    id: String,
+    started: std::time::Instant,
+) -> ApiResult<Launched> {
+    let ctx = ctx.clone();
     let platform = req.platform.as_ref().map(create_fields::check_platform).transpose()?;
     create_fields::check_extensions(req.extensions.as_ref())?;
     let pool_ref = create_fields::check_pool(req.extensions.as_ref(), ctx.pool.size(), req.snapshot_id.is_some())?;
-    if req.template_id.is_some() {
-        return Err(unsupported_field("templateId"));
-    }
     let volumes = crate::volumes::check(req.volumes.as_deref(), &ctx.volumes.allowed)?;
     let policy = req.network_policy.as_ref().map(Policy::from_json).transpose().map_err(egress::create_error)?;
     if req.credential_proxy.as_ref().and_then(|c| c.enabled) == Some(true) {
@@ -195,20 +308,17 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
             return Err(ApiError::bad_request("entrypoint must have at least one non-empty element"));
         }
     }
-    let timeout = match req.timeout {
-        None => None,
-        Some(t) if (1..=MAX_TIMEOUT_SECS).contains(&t) => Some(t),
-        Some(t) => {
-            return Err(ApiError::bad_request(format!(
-                "timeout must be between 1 and {MAX_TIMEOUT_SECS} seconds, got {t}"
-            )))
-        }
-    };
+    let timeout = check_timeout(req.timeout)?;
     let limits = limits::from_request(req.resource_limits.as_ref(), ctx.default_limits, &ctx.limit_bounds)?;
     let resource_requests = req.resource_requests.clone().unwrap_or_default();
     create_fields::check_requests(&resource_requests, &limits, &ctx.limit_bounds)?;
-    let requested =
-        Requested { platform, resource_requests, pool_ref, extensions: req.extensions.clone().unwrap_or_default() };
+    let requested = Requested {
+        platform,
+        resource_requests,
+        pool_ref,
+        extensions: req.extensions.clone().unwrap_or_default(),
+        template_id: None,
+    };
     let metadata = req.metadata.clone().unwrap_or_default();
     check_metadata(&metadata)?;
     let env = req.env.clone().unwrap_or_default();
@@ -248,7 +358,6 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
         (None, None) if restore.is_some() => snapshots::RESTORE_ENTRYPOINT.iter().map(|s| s.to_string()).collect(),
         (None, None) => cfg.entrypoint.iter().chain(cfg.cmd.iter()).cloned().collect(),
     };
-    let id = new_id();
     let mut env_list: Vec<String> = cfg.env.clone();
     env_list.push(format!("OPENSANDBOX_ID={id}"));
     env_list.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
@@ -341,39 +450,22 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
     }
     let (mut runtime, child, _) = launched?;
     runtime.volumes = Some(prepared.held);
-    let log = runtime.log.clone();
-    let entry = Arc::new(
-        SandboxEntry::new(id, new_token(), image_uri, entrypoint, expires_at, metadata, runtime)
-            .with_created_at(created_at)
-            .with_image_id(image_id)
-            .with_origin(origin)
-            .with_requested(requested)
-            .with_egress(policy),
-    );
-    entry.events.push(crate::sandbox::events::EventKind::Ready, None);
-    // On disk before anyone learns of it: a restarted broker finds it.
-    if ctx.persist {
-        entry.attach_store(ctx.state.clone());
-        entry.save();
-    }
-    ctx.registry.insert(entry.clone());
-    launch::monitor(ctx.clone(), entry.clone(), child, log);
-    crate::metrics::events().created(&entry.id, entry.backend_name(), started);
-    tracing::info!(sandbox = %entry.id, image = %entry.image_uri, "created");
-    tracing::debug!(sandbox = %entry.id, resolved = ?t_resolved, prepared = ?t_prepared, launched = ?t_launched,
-        registered = ?started.elapsed(), "create phases (since the request)");
-    let v = view(&entry);
-    let resp = CreateSandboxResponse {
-        id: v.id,
-        status: v.status,
-        created_at: v.created_at,
-        entrypoint: v.entrypoint,
-        expires_at: v.expires_at,
-        metadata: v.metadata,
-        platform: v.platform,
-        extensions: v.extensions,
-    };
-    Ok((StatusCode::ACCEPTED, Json(resp)).into_response())
+    tracing::debug!(sandbox = %id, resolved = ?t_resolved, prepared = ?t_prepared, launched = ?t_launched,
+        "create phases (since the request)");
+    Ok(Launched {
+        id,
+        image_uri,
+        image_id,
+        entrypoint,
+        created_at,
+        expires_at,
+        metadata,
+        requested,
+        origin,
+        policy,
+        runtime,
+        child,
+    })
 }
 
 /// What a create does about vm templates (`--vm-templates`): only a vm create that is not
@@ -409,7 +501,7 @@ pub async fn get_one(State(ctx): State<Arc<Ctx>>, Path(id): Path<String>) -> Api
 }
 
 /// Parses the SDK's `metadata` filter: `k1=v1&k2=v2`, each part percent-encoded.
-fn parse_metadata_filter(raw: &str) -> Vec<(String, String)> {
+pub fn parse_metadata_filter(raw: &str) -> Vec<(String, String)> {
     let dec = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
     raw.split('&')
         .filter(|p| !p.is_empty())
@@ -529,13 +621,14 @@ async fn send_deadline(e: &SandboxEntry, at: DateTime<Utc>) {
 #[utoipa::path(get, path = "/sandboxes/{id}/endpoints/{port}", tag = "sandboxes",
     params(("id" = String, Path, description = "sandbox id"), ("port" = String, Path, description = "a port inside the sandbox (1-65535)"),
         ("use_server_proxy" = Option<bool>, Query, description = "an endpoint through this server's /v1 proxy")),
-    responses((status = 200, body = EndpointView)))]
+    responses((status = 200, body = EndpointView, headers((
+        "OPEN-SANDBOX-ORIGIN" = String, description = "`template` for a sandbox created from a template")))))]
 pub async fn endpoint(
     State(ctx): State<Arc<Ctx>>,
     Path((id, port)): Path<(String, String)>,
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
-) -> ApiResult<Json<EndpointView>> {
+) -> ApiResult<Response> {
     let e = lookup(&ctx, &id)?;
     let port: u16 =
         port.parse().ok().filter(|p| *p > 0).ok_or_else(|| ApiError::bad_request(format!("invalid port {port:?}")))?;
@@ -548,7 +641,13 @@ pub async fn endpoint(
     let prefix = if q.flag("use_server_proxy") { "/v1" } else { "" };
     let endpoint = format!("{host}{prefix}/sandboxes/{id}/proxy/{port}");
     let headers = BTreeMap::from([(TOKEN_HEADER.to_string(), e.token.clone())]);
-    Ok(Json(EndpointView { endpoint, headers }))
+    let body = Json(EndpointView { endpoint, headers });
+    // The SDK reads the origin from this header (`Sandbox.connect`); it then sends egress
+    // policy changes to the lifecycle route, which pvisor serves as well as port 18080.
+    Ok(match e.requested.template_id {
+        Some(_) => ([(ORIGIN_HEADER, "template")], body).into_response(),
+        None => body.into_response(),
+    })
 }
 
 /// Pauses or resumes through the worker, the egress policy locked (see
@@ -630,14 +729,6 @@ pub async fn metrics_event() -> StatusCode {
     StatusCode::NO_CONTENT
 }
 
-pub async fn unsupported() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "NOT_SUPPORTED",
-        "snapshots and templates are not supported by this server",
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -671,6 +762,7 @@ mod tests {
             resource_requests: BTreeMap::from([("memory".into(), "256Mi".into())]),
             pool_ref: Some("default".into()),
             extensions: BTreeMap::from([("poolRef".into(), "default".into())]),
+            template_id: None,
         };
         let v = serde_json::to_value(view(&entry().with_requested(requested))).unwrap();
         assert_eq!(v["platform"], serde_json::json!({"os": "linux", "arch": "amd64"}));

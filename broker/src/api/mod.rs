@@ -18,6 +18,7 @@ pub mod pty;
 pub mod query;
 pub mod request_id;
 pub mod snapshots;
+pub mod templates;
 
 use crate::execd;
 use crate::server::Ctx;
@@ -82,8 +83,8 @@ pub fn routes(gate: &dyn Fn(ApiRouter) -> ApiRouter) -> ApiRouter {
         .routes(routes!(snapshots::list))
         .routes(routes!(snapshots::get_one, snapshots::delete))
         .route("/snapshots/{sid}/{*rest}", any(snapshots::unsupported))
-        .route("/templates", any(lifecycle::unsupported))
-        .route("/templates/{*rest}", any(lifecycle::unsupported))
+        .routes(routes!(templates::create, templates::list))
+        .routes(routes!(templates::get_one, templates::delete))
         .routes(routes!(diagnostics::logs))
         .routes(routes!(diagnostics::events))
         .routes(routes!(lifecycle::metrics_event))

@@ -25,6 +25,12 @@ pub struct ImageAuth {
 pub struct CreateSandboxRequest {
     pub image: Option<ImageSpec>,
     pub snapshot_id: Option<String>,
+    /// A template (`POST /v1/templates`) to create the sandbox from: its
+    /// image, entrypoint, env and limits. Only `metadata` (over the
+    /// template's), `networkPolicy`, `extensions` and `timeout` (required)
+    /// may come with it; `entrypoint`, `env`, `resourceLimits`,
+    /// `resourceRequests`, `volumes`, `platform`, `credentialProxy`,
+    /// `secureAccess: true`, `lifecycle`, `image` and `snapshotId` are a 400.
     pub template_id: Option<String>,
     /// Only this host's (`linux` and its architecture); anything else is a 400.
     #[serde(default)]
@@ -53,10 +59,10 @@ pub struct CreateSandboxRequest {
     #[serde(default)]
     pub lifecycle: Option<serde_json::Value>,
     /// Every endpoint here needs its sandbox's token (the endpoint's
-    /// `headers`), so `true` is what every sandbox gets: only parsed (a value
-    /// that is not a bool is a 400), nothing else depends on it.
+    /// `headers`), so `true` is what every sandbox gets: parsed (a value that
+    /// is not a bool is a 400); `true` beside `templateId` is a 400, as the
+    /// reference has it.
     #[serde(default)]
-    #[expect(dead_code, reason = "honoured by every sandbox; parsed to refuse a non-bool")]
     pub secure_access: Option<bool>,
     /// Opaque to OpenSandbox, kept and shown back; pvisor reads `pvisor.io/backend`
     /// (`ns`, `vm`) and `poolRef` (only `default`, the warm workers), and refuses

@@ -25,8 +25,6 @@ pub const UNDOCUMENTED: &[(&str, &str)] = &[
     ("/v1/sandboxes/{id}/proxy/{port}", "the execd data plane through the server proxy"),
     ("/v1/sandboxes/{id}/proxy/{port}/{*rest}", "the execd data plane through the server proxy"),
     ("/v1/snapshots/{sid}/{*rest}", "a 501 catch-all for snapshot APIs this server lacks"),
-    ("/v1/templates", "a 501 catch-all: templates are not supported"),
-    ("/v1/templates/{*rest}", "a 501 catch-all: templates are not supported"),
     (
         "/pvisor/sandboxes/{id}/pty",
         "an HTTP/1.1 upgrade to a terminal (length-delimited protobuf), not JSON (see api::pty)",

@@ -20,8 +20,20 @@ pub fn spawn(ctx: Arc<Ctx>) {
                 e.forget();
                 crate::metrics::events().deleted(&e.id, "expired");
             }
-            fail_rootless(&ctx, ctx.mounts.take_dead()).await;
-            let in_use = ctx.registry.list().into_iter().map(|e| e.image_id.clone()).collect();
+            let dead = ctx.mounts.take_dead();
+            // Warm sandboxes that died, or whose root went with their image server.
+            let (broken, templates) = ctx.catalog.warm.take_broken(&dead);
+            if !broken.is_empty() {
+                tracing::warn!(count = broken.len(), "warm sandboxes ended; replaced");
+                crate::catalog::warm::discard(broken).await;
+                for t in templates {
+                    crate::catalog::warm::top_up(ctx.clone(), t, std::time::Duration::ZERO);
+                }
+            }
+            fail_rootless(&ctx, dead).await;
+            let mut in_use: std::collections::HashSet<String> =
+                ctx.registry.list().into_iter().map(|e| e.image_id.clone()).collect();
+            in_use.extend(ctx.catalog.warm.image_ids());
             let c = ctx.clone();
             // Stopping a server waits for it (briefly), and removing a dead warm
             // worker's cgroup is synchronous: off the async threads.

@@ -1,5 +1,6 @@
 //! What a create asked for that the API shows back as it was asked (the
-//! platform, `resourceRequests`, the pool and the opaque `extensions`): kept
+//! platform, `resourceRequests`, the pool, the opaque `extensions`, the
+//! template): kept
 //! in the sandbox's record, so a restarted broker shows the same.
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -22,6 +23,8 @@ pub struct Requested {
     pub pool_ref: Option<String>,
     /// The create's `extensions`, every key as given.
     pub extensions: BTreeMap<String, String>,
+    /// The template it was created from (`templateId`).
+    pub template_id: Option<String>,
 }
 
 #[cfg(test)]
@@ -36,6 +39,7 @@ mod tests {
             resource_requests: BTreeMap::from([("cpu".into(), "250m".into())]),
             pool_ref: Some("default".into()),
             extensions: BTreeMap::from([("poolRef".into(), "default".into())]),
+            template_id: Some("tpl-x".into()),
         };
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["resourceRequests"]["cpu"], "250m");
