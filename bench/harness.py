@@ -10,6 +10,7 @@ Experiments are subcommands (bench/README.md explains each):
   imagefs   the image pool (pvisor only)
   snapshot  snapshot of a sandbox that wrote 100 MiB, restore create vs normal create (pvisor only)
   code      the code interpreter: first and warm codes.run("1+1") vs python3 -c (pvisor only)
+  template  SDK create from a template (a sandbox started ahead) vs a plain create (pvisor only)
   vm        the vm backend: test-guest first exit, VMM RSS without guest memory, and (hardware
             virtualization only) SDK create on vm vs ns
   network   the sandbox network against tests/networld: 100 MiB download, connect P50,
@@ -34,12 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib import common  # noqa: E402
 from lib.common import IMAGE_FILES, REPO, environment, log  # noqa: E402
 
-EXPERIMENTS = ("startup", "burst", "throughput", "disk", "memory", "imagefs", "vm", "network", "snapshot", "code", "vmhost")
+EXPERIMENTS = ("startup", "burst", "throughput", "disk", "memory", "imagefs", "vm", "network", "snapshot", "code",
+               "template", "vmhost")
 # Experiments `all` leaves out: vmhost runs only where hardware virtualization exists (the KVM
 # test host of scripts/kvm-host.sh).
 NOT_IN_ALL = ("vmhost",)
 # Experiments with no peer side (their yardsticks are the host and pvisor itself).
-PVISOR_ONLY = ("imagefs", "snapshot", "code", "vmhost")
+PVISOR_ONLY = ("imagefs", "snapshot", "code", "template", "vmhost")
 # Experiments whose peer takes part only in some parts; their result says whether it did
 # (`used_peer`). vm: only its SDK part has a peer, and that part needs hardware virtualization.
 PEER_OPTIONAL = ("vm",)
