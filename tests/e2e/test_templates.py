@@ -23,7 +23,7 @@ from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule
 from opensandbox.models.templates import CreateTemplateRequest, TemplateFilter, TemplateReadiness
 from opensandbox.sync import SandboxManagerSync, SandboxSync
 
-from conftest import _make_conn
+from conftest import SUITE_BACKEND, _make_conn, _start_server
 from e2e_util import BUSYBOX, assert_error_json, dataplane, run, sandbox_dirs, sh, stdout_text, wait_until
 
 # What the template tests' templates ask for.
@@ -187,7 +187,11 @@ def test_a_sandbox_gets_the_templates_image_env_entrypoint_limits_and_metadata(
     assert sh(sb, "echo $GREETING") == "hello"
     assert "/bin" in sh(sb, "echo $PATH"), "the image's own environment is kept"
     assert sh(sb, "cat /tmp/entrypoint-ran") == "up"
-    assert sh(sb, "grep MemTotal /proc/meminfo").split()[1] == str(MEMTOTAL_KB)
+    mem_kb = int(sh(sb, "grep MemTotal /proc/meminfo").split()[1])
+    if SUITE_BACKEND == "ns":
+        assert mem_kb == MEMTOTAL_KB, "the ns sandbox's /proc/meminfo shows its memory limit"
+    else:
+        assert MEMTOTAL_KB // 2 < mem_kb <= MEMTOTAL_KB, "the guest has the template's memory"
     # The next create gets the replacement, also started ahead.
     again = wait_warm(base_url, tid)
     assert again["id"] != sb.id
@@ -391,4 +395,46 @@ def test_templates_survive_a_broker_restart_and_warm_sandboxes_do_not_leak(tmp_p
     finally:
         if srv.alive():
             srv.proc.send_signal(signal.SIGTERM)
+        srv.stop()
+
+
+# ------------------------------------------------------------------ the vm backend
+
+
+@pytest.mark.deadline(900)
+def test_vm_warm_sandboxes_are_booted_guests_then_clones_of_the_vm_template(tmp_path_factory):
+    """On the vm backend a warm sandbox is a booted guest; with --vm-templates the first one's
+    boot is saved as the vm template and the next ones are its clones."""
+    from test_vm_snapshots import snapshot_qemu
+    from test_vm_templates import booted, templates as vm_templates
+    from vm_util import VM_ENV, guest_kernel
+
+    kernel = guest_kernel()
+    snapshot_qemu()
+    srv = _start_server(tmp_path_factory, "tplvm", ["busybox.tar"], {**VM_ENV, "PVISOR_GUEST_KERNEL": str(kernel)},
+                        ["--backend", "vm", "--warm-workers", "1", "--vm-templates"])
+    conn = _make_conn(srv.addr)
+    m = SandboxManagerSync.create(connection_config=conn)
+    made: list[SandboxSync] = []
+    try:
+        tid = new_template(m, env={"WHO": "tpl"}, resource_limits={"cpu": "1", "memory": "256Mi"},
+                           entrypoint=["sh", "-c", "echo ep > /root/ep; exec tail -f /dev/null"])
+        first = wait_until(lambda: (w := warm_of(srv.url, tid)) and w[0], 300, 0.5, what="the first warm guest")
+        wait_until(lambda: vm_templates(srv), 120, 0.5, what="the vm template saved from its boot")
+        made.append(sb := SandboxSync.create_from_template(tid, connection_config=conn, timeout=timedelta(minutes=10)))
+        assert sb.id == first["id"] and booted(srv, sb)
+        assert sh(sb, "echo $WHO $OPENSANDBOX_ID") == f"tpl {sb.id}"
+        second = wait_until(lambda: (w := warm_of(srv.url, tid)) and w[0], 300, 0.5, what="the second warm guest")
+        made.append(sb2 := SandboxSync.create_from_template(tid, connection_config=conn,
+                                                             timeout=timedelta(minutes=10)))
+        assert sb2.id == second["id"]
+        assert not booted(srv, sb2), "the second warm guest booted instead of being a clone of the vm template"
+        assert sh(sb2, "echo $WHO $OPENSANDBOX_ID; cat /root/ep") == f"tpl {sb2.id}\nep"
+        assert sh(sb2, "hostname") == f"sandbox-{sb2.id[:8]}"
+        m.delete_template(tid)
+    finally:
+        for sb in made:
+            sb.kill()
+            sb.close()
+        m.close()
         srv.stop()
