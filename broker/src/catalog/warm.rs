@@ -141,6 +141,10 @@ pub struct Warm {
     filled: tokio::sync::Notify,
     /// The broker stops: no more are started or offered.
     closing: std::sync::atomic::AtomicBool,
+    /// One start at a time across templates: a broker with many templates
+    /// starting (or many templates handed out at once) does not start them
+    /// all together on a host that also serves creates.
+    starting: tokio::sync::Semaphore,
 }
 
 impl Warm {
@@ -150,6 +154,7 @@ impl Warm {
             slots: Mutex::new(HashMap::new()),
             filled: tokio::sync::Notify::new(),
             closing: std::sync::atomic::AtomicBool::new(false),
+            starting: tokio::sync::Semaphore::new(1),
         }
     }
 
@@ -342,16 +347,20 @@ async fn fill(ctx: &Arc<Ctx>, template: &str) {
     while ctx.catalog.warm.count(template) < ctx.catalog.warm.want && !ctx.catalog.warm.closing() {
         let Some(tpl) = ctx.catalog.store.get(template) else { return };
         let req = super::sandboxes::warm_request(&tpl);
+        let Ok(turn) = ctx.catalog.warm.starting.acquire().await else { return };
         let t0 = std::time::Instant::now();
         let launched = match lifecycle::launch_request(ctx, &req, lifecycle::new_id(), t0).await {
             Ok(l) => l,
             Err(e) => {
+                drop(turn);
                 // Not retried in a loop: the next create from the template tries again.
                 tracing::warn!(template, "starting a warm sandbox: {e}");
                 return;
             }
         };
         let w = WarmSandbox::hold(ctx, launched);
+        // Started: the next template's start may begin while this one waits for its gate.
+        drop(turn);
         tracing::info!(template, sandbox = %w.id(), took = ?t0.elapsed(), "warm sandbox started");
         gate(ctx, &w, &tpl).await;
         if let Some(back) = ctx.catalog.warm.offer(ctx, template, w) {
