@@ -279,7 +279,6 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
     let keep = &recovery.keep;
     // Each failure is logged there; what could not go stays for the next start.
     crate::sandbox::trees::clean_dir(&run_dir, &keep.run_files)?;
-    crate::sandbox::trees::clean_dir(&sandboxes_dir, &keep.sandbox_dirs)?;
     let images = ImagePool::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
     secure_dirs(&[&o.data_dir, &o.data_dir.join("images"), &sandboxes_dir, &run_dir])?;
     let cgroup_prefix = cgroup_prefix(&o.data_dir);
@@ -295,6 +294,10 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         }
         Err(e) => return Err(format!("{e}; pass --allow-no-cgroups to run without resource limits")),
     };
+    // After the stale groups are gone with their processes: a warm worker of the
+    // last broker, killed there while it made its disk ahead (`.ahead-<slot>`), has
+    // no chance to remove it itself, and one still making it would make it again.
+    crate::sandbox::trees::clean_dir(&sandboxes_dir, &keep.sandbox_dirs)?;
     let worker_bin = o
         .worker_bin
         .or_else(|| std::env::var_os("PVISOR_WORKER").map(PathBuf::from))
