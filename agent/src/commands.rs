@@ -142,6 +142,17 @@ impl Commands {
     /// Starts a command. Foreground commands stream into `tx` until their exit
     /// event; background commands get their init event and keep running.
     pub fn exec(self: &Arc<Self>, req: ExecRequest, tx: EventTx, id: Option<String>) -> Result<String> {
+        self.start(req, tx, id, true)
+    }
+
+    /// Runs a command as [`exec`](Self::exec) does, without listing it for
+    /// `CommandStatus`/`CommandLogs`: a lifecycle hook's run (periodic runs
+    /// would crowd users' commands out of the table).
+    pub fn exec_unlisted(self: &Arc<Self>, req: ExecRequest, tx: EventTx) -> Result<String> {
+        self.start(req, tx, None, false)
+    }
+
+    fn start(self: &Arc<Self>, req: ExecRequest, tx: EventTx, id: Option<String>, listed: bool) -> Result<String> {
         let mut spec = SpawnSpec::new(&self.cfg, &req.command, &req.argv)?;
         spec.cwd = req.cwd.clone();
         spec.envs = req.envs.clone().into_iter().collect();
@@ -163,7 +174,9 @@ impl Commands {
                 log: LogBuf::default(),
             }),
         });
-        self.register(entry.clone());
+        if listed {
+            self.register(entry.clone());
+        }
         let id = entry.id.clone();
         let _ = tx.try_send(Ok(event(exec_event::Kind::Init(id.clone()))));
         let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
@@ -272,7 +285,8 @@ async fn drive(entry: Arc<Entry>, sp: Spawned, sink: Option<EventTx>, timeout: O
         s.error.clone()
     };
     if let Some(tx) = sink {
-        let status = ExitStatus { code, error, elapsed_ms: started.elapsed().as_millis() as u64 };
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        let status = ExitStatus { code, error, elapsed_ms, timed_out };
         let _ = tx.send(Ok(event(exec_event::Kind::Exit(status)))).await;
     }
     tracing::debug!(id = %entry.id, code, background = entry.background, "command finished");

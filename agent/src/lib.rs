@@ -18,6 +18,7 @@ pub mod error;
 pub mod expand;
 pub mod files;
 pub mod guest;
+pub mod hooks;
 pub mod identity;
 pub mod line_window;
 pub mod lines;

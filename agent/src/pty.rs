@@ -165,6 +165,7 @@ async fn relay_output(master: Arc<AsyncFd<OwnedFd>>, mut exit: oneshot::Receiver
             break;
         }
     }
-    let status = ExitStatus { code, error: String::new(), elapsed_ms: started.elapsed().as_millis() as u64 };
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let status = ExitStatus { code, error: String::new(), elapsed_ms, timed_out: false };
     let _ = tx.send(Ok(PtyOutput { kind: Some(pty_output::Kind::Exit(status)) })).await;
 }

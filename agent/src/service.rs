@@ -6,13 +6,14 @@ use crate::code::Contexts;
 use crate::commands::Commands;
 use crate::config::AgentConfig;
 use crate::files;
+use crate::hooks;
 use crate::identity::{blocking_as, Identity};
 use crate::line_window::{self, LineWindow};
 use crate::session::Sessions;
 use pvisor_proto::agent::agent_server::Agent;
 use pvisor_proto::agent::*;
 use std::sync::{Arc, OnceLock};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -24,6 +25,9 @@ pub struct Configured {
     pub commands: Arc<Commands>,
     pub sessions: Arc<Sessions>,
     pub code: Arc<Contexts>,
+    /// How starting the sandbox went (the pre-start hook, then the periodic
+    /// hooks and the entrypoint); None while it is going.
+    started: watch::Receiver<Option<Result<(), Status>>>,
 }
 
 /// The service. It starts unconfigured: until `Configure` arrives only
@@ -46,11 +50,13 @@ impl AgentService {
         self.state.get().ok_or_else(|| Status::failed_precondition("the agent is not configured yet (Agent.Configure)"))
     }
 
-    /// Applies `cfg` if this is the first configuration (and then starts
-    /// the entrypoint); returns whether it was applied. A repeated identical
-    /// configuration is accepted, a different one refused.
-    pub fn configure(&self, cfg: AgentConfig) -> Result<bool, Status> {
+    /// Applies `cfg` if this is the first configuration, then starts the
+    /// sandbox (see [`start`]); returns whether it was applied, once the
+    /// start has ended. A repeated identical configuration waits for the
+    /// first one's start and answers its outcome; a different one is refused.
+    pub async fn configure(&self, cfg: AgentConfig) -> Result<bool, Status> {
         let mut applied = false;
+        let (done, started) = watch::channel(None);
         let state = self.state.get_or_init(|| {
             applied = true;
             let config = Arc::new(cfg.clone());
@@ -60,27 +66,33 @@ impl AgentService {
                 code: Arc::new(Contexts::new(config.clone(), sessions.clone())),
                 sessions,
                 config,
+                started,
             }
         });
         if !applied {
-            return if *state.config == cfg {
-                Ok(false)
-            } else {
-                Err(Status::failed_precondition("the agent was already configured differently"))
-            };
-        }
-        // Inside the sandbox now (its network namespace, or the guest).
-        crate::code::readiness::spawn();
-        if !cfg.entrypoint.is_empty() {
-            let req = ExecRequest { argv: cfg.entrypoint.clone(), background: true, ..Default::default() };
-            let (tx, _rx) = mpsc::channel(1);
-            if let Err(e) = state.commands.exec(req, tx, Some("entrypoint".into())) {
-                tracing::warn!("entrypoint {:?} did not start: {e}", cfg.entrypoint);
+            if *state.config != cfg {
+                return Err(Status::failed_precondition("the agent was already configured differently"));
             }
+        } else {
+            // Inside the sandbox now (its network namespace, or the guest).
+            crate::code::readiness::spawn();
+            // A task of its own: a caller that goes away (a worker
+            // reconnecting) must not cut the start short.
+            let (commands, config) = (state.commands.clone(), state.config.clone());
+            tokio::spawn(async move {
+                let outcome = start(&commands, &config).await;
+                done.send_replace(Some(outcome));
+            });
         }
-        Ok(true)
+        let mut started = state.started.clone();
+        let outcome = started
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| Status::internal("the sandbox's start was abandoned"))?
+            .clone()
+            .unwrap_or(Ok(()));
+        outcome.map(|()| applied)
     }
-
     fn commands(&self) -> Result<&Arc<Commands>, Status> {
         Ok(&self.configured()?.commands)
     }
@@ -92,6 +104,28 @@ impl AgentService {
     fn code(&self) -> Result<&Arc<Contexts>, Status> {
         Ok(&self.configured()?.code)
     }
+}
+
+/// Starts the sandbox: the pre-start hook, and once it succeeded the
+/// periodic hooks and the entrypoint. A failed pre-start hook starts nothing.
+async fn start(commands: &Arc<Commands>, cfg: &AgentConfig) -> Result<(), Status> {
+    let lifecycle = cfg.lifecycle.clone().unwrap_or_default();
+    if let Some(hook) = &lifecycle.pre_start {
+        let outcome = hooks::run(commands, hook).await;
+        if !outcome.succeeded() {
+            tracing::warn!("the pre-start hook {:?} {}", hook.command, outcome.describe(hook.timeout_secs));
+            return Err(hooks::pre_start_failure(hook, &outcome));
+        }
+    }
+    hooks::periodic::start(commands, &lifecycle.periodic);
+    if !cfg.entrypoint.is_empty() {
+        let req = ExecRequest { argv: cfg.entrypoint.clone(), background: true, ..Default::default() };
+        let (tx, _rx) = mpsc::channel(1);
+        if let Err(e) = commands.exec(req, tx, Some("entrypoint".into())) {
+            tracing::warn!("entrypoint {:?} did not start: {e}", cfg.entrypoint);
+        }
+    }
+    Ok(())
 }
 
 fn ping_reply() -> PingReply {
@@ -108,7 +142,7 @@ impl Agent for AgentService {
     }
 
     async fn configure(&self, req: Request<AgentConfig>) -> Res<PingReply> {
-        AgentService::configure(self, req.into_inner())?;
+        AgentService::configure(self, req.into_inner()).await?;
         Ok(Response::new(ping_reply()))
     }
 

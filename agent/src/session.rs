@@ -177,6 +177,7 @@ impl Sessions {
                 return Ok(());
             }
         };
+        let timed_out = outcome.is_err();
         let (code, error, dead) = match outcome {
             Ok((Some(code), Some(_))) => (code.parse().unwrap_or(-1), String::new(), false),
             Ok(_) => (-1, "session shell exited".to_string(), true),
@@ -188,7 +189,7 @@ impl Sessions {
         if dead {
             *guard = None;
         }
-        let status = ExitStatus { code, error, elapsed_ms: started.elapsed().as_millis() as u64 };
+        let status = ExitStatus { code, error, elapsed_ms: started.elapsed().as_millis() as u64, timed_out };
         let _ = tx.send(Ok(event(exec_event::Kind::Exit(status)))).await;
         Ok(())
     }

@@ -39,7 +39,44 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("pvis
 /// Full gRPC service name of the agent, as routed by the worker.
 pub const AGENT_SERVICE: &str = "pvisor.agent.v1.Agent";
 
+/// The status of a pre-start hook that failed (`Agent.Configure`'s, relayed
+/// by `Worker.Ready`): ABORTED, the failure encoded as its details.
+pub fn hook_failure_status(failure: &agent::HookFailure, message: impl Into<String>) -> tonic::Status {
+    use prost::Message;
+    tonic::Status::with_details(tonic::Code::Aborted, message, failure.encode_to_vec().into())
+}
+
+/// The hook failure a status carries, if it is one ([`hook_failure_status`]).
+pub fn hook_failure_of(status: &tonic::Status) -> Option<agent::HookFailure> {
+    use prost::Message;
+    if status.code() != tonic::Code::Aborted || status.details().is_empty() {
+        return None;
+    }
+    agent::HookFailure::decode(status.details()).ok()
+}
+
 /// Current time as Unix milliseconds.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hook_failure_round_trips_through_a_status() {
+        let f = agent::HookFailure {
+            hook: "preStart".into(),
+            exit_code: 3,
+            timed_out: false,
+            error: "exited with status 3".into(),
+            output: "boom".into(),
+        };
+        let s = hook_failure_status(&f, "the pre-start hook failed");
+        assert_eq!(s.code(), tonic::Code::Aborted);
+        assert_eq!(hook_failure_of(&s), Some(f));
+        assert_eq!(hook_failure_of(&tonic::Status::aborted("no details")), None);
+        assert_eq!(hook_failure_of(&tonic::Status::failed_precondition("other")), None);
+    }
 }
