@@ -360,6 +360,7 @@ fn main() {
                                 template_capture_us: captured.map(|c| c.stopped.as_micros() as u64).unwrap_or(0),
                             }),
                             (Ok(Ok(_)), Err(e)) => Readiness::Failed(e),
+                            (Ok(Err(e)), _) if pvisor_proto::hook_failure_of(&e).is_some() => Readiness::HookFailed(e),
                             (Ok(Err(e)), _) => Readiness::Failed(format!("configuring the agent: {}", e.message())),
                             (Err(_), _) => Readiness::Failed(with_console(
                                 format!("the agent did not answer within {} s", ready_timeout.as_secs()),

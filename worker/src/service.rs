@@ -16,6 +16,9 @@ pub enum Readiness {
     Starting,
     Ready(ReadyReply),
     Failed(String),
+    /// The agent's own refusal, relayed as it is: its pre-start hook failed
+    /// (ABORTED, a `HookFailure` in the details).
+    HookFailed(Status),
 }
 
 pub struct WorkerService {
@@ -85,6 +88,7 @@ impl Worker for WorkerService {
         match state {
             Readiness::Ready(r) => Ok(Response::new(r)),
             Readiness::Failed(m) => Err(Status::failed_precondition(m)),
+            Readiness::HookFailed(s) => Err(s),
             Readiness::Starting => unreachable!("waited for a final state"),
         }
     }
