@@ -8,6 +8,7 @@ use super::query::Query;
 use super::snapshots;
 use crate::sandbox::backend;
 use crate::sandbox::egress::with_policy_locked;
+use crate::sandbox::hooks::Lifecycle;
 use crate::sandbox::launch::{self, LaunchSpec};
 use crate::sandbox::record::rfc3339;
 use crate::sandbox::requested::Requested;
@@ -98,10 +99,6 @@ fn lookup(ctx: &Ctx, id: &str) -> ApiResult<Arc<SandboxEntry>> {
     ctx.registry.get(id).ok_or_else(|| ApiError::sandbox_not_found(id))
 }
 
-fn unsupported_field(name: &str) -> ApiError {
-    ApiError::bad_request(format!("{name} is not supported by this server"))
-}
-
 /// The image of a create: from the pool, or pulled into it first when the
 /// server allows pulls (`pvisor serve --allow-pull`).
 pub async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pvisor_images::ImageRecord> {
@@ -149,17 +146,28 @@ pub async fn resolve_image(ctx: &Arc<Ctx>, image: &ImageSpec) -> ApiResult<pviso
     responses((status = 202, description = "the sandbox, starting or running", body = CreateSandboxResponse)))]
 pub async fn create(State(ctx): State<Arc<Ctx>>, body: Bytes) -> Result<Response, Response> {
     let started = std::time::Instant::now();
-    let _admitted = ctx.admission.admit(ctx.registry.list().len()).await.map_err(|r| {
+    let admitted = ctx.admission.admit(ctx.registry.list().len()).await.map_err(|r| {
         crate::metrics::events().create_failed(r.error.code);
         r.into_response()
     })?;
-    create_admitted(ctx, body, started).await.map_err(|e| {
+    // A task of its own: a client that goes away mid-create (one that waits for a long
+    // pre-start hook past its request timeout) must not cut the launch short and leave its
+    // worker behind; the create ends whole, the sandbox registered (listed) or removed.
+    let created = tokio::spawn(create_admitted(ctx, body, started, admitted))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(format!("the create failed: {e}"))));
+    created.map_err(|e| {
         crate::metrics::events().create_failed(e.code);
         e.into_response()
     })
 }
 
-async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant) -> ApiResult<Response> {
+async fn create_admitted(
+    ctx: Arc<Ctx>,
+    body: Bytes,
+    started: std::time::Instant,
+    mut admitted: crate::http::admission::Creating,
+) -> ApiResult<Response> {
     let raw: serde_json::Map<String, serde_json::Value> = parse_json(&body)?;
     create_fields::check_unknown_fields(&raw)?;
     let req: CreateSandboxRequest = serde_json::from_value(serde_json::Value::Object(raw)).map_err(|e| {
@@ -170,7 +178,7 @@ async fn create_admitted(ctx: Arc<Ctx>, body: Bytes, started: std::time::Instant
     let entry = match template {
         Some(t) => crate::catalog::sandboxes::create(&ctx, &t, req, started).await?,
         None => {
-            let launched = launch_request(&ctx, &req, new_id(), started).await?;
+            let launched = launch_request(&ctx, &req, new_id(), started, Some(&mut admitted)).await?;
             register(&ctx, launched, None, started)
         }
     };
@@ -272,11 +280,14 @@ pub fn register(
 }
 
 /// Validates a create and starts its sandbox (`id`), up to its worker's Ready.
+/// `admitted`: the create's admission, whose slot a create that only waits
+/// for its pre-start hook gives to the next create.
 pub async fn launch_request(
     ctx: &Arc<Ctx>,
     req: &CreateSandboxRequest,
     id: String,
     started: std::time::Instant,
+    admitted: Option<&mut crate::http::admission::Creating>,
 ) -> ApiResult<Launched> {
     let ctx = ctx.clone();
     let platform = req.platform.as_ref().map(create_fields::check_platform).transpose()?;
@@ -291,9 +302,7 @@ pub async fn launch_request(
             "credentialProxy (the credential vault) is not supported by this server yet",
         ));
     }
-    if req.lifecycle.is_some() {
-        return Err(unsupported_field("lifecycle"));
-    }
+    let hooks = super::hooks::parse(req.lifecycle.as_ref())?;
     // A restore (`snapshotId`) names no image; `snapshots::restore_source` checks the pair.
     let image = match (&req.image, &req.snapshot_id) {
         (_, Some(_)) => None,
@@ -350,7 +359,16 @@ pub async fn launch_request(
     let policy = ctx.net.initial_policy(policy);
     if let Some((snap, _)) = &vm_restore {
         snapshots::check_vm_restore(snap, &limits, policy.is_some(), &env)?;
+        if hooks.is_some() {
+            return Err(super::hooks::HookError::VmRestore.into());
+        }
     }
+    // A vm restore's agent runs on with its source's hooks (and must be
+    // configured with them again).
+    let hooks = match &vm_restore {
+        Some((snap, _)) => snap.agent_lifecycle.clone(),
+        None => hooks,
+    };
     let entrypoint = match (&req.entrypoint, &vm_restore) {
         // A vm restore starts nothing: its machine's processes run on.
         (_, Some((snap, _))) => snap.agent_entrypoint.clone(),
@@ -368,12 +386,14 @@ pub async fn launch_request(
             workdir: snap.agent_workdir.clone(),
             user: snap.agent_user.clone(),
             entrypoint: snap.agent_entrypoint.clone(),
+            lifecycle: hooks.as_ref().and_then(Lifecycle::to_agent),
         },
         None => AgentConfig {
             env: env_list,
             workdir: cfg.working_dir.clone(),
             user: cfg.user.clone(),
             entrypoint: entrypoint.clone(),
+            lifecycle: hooks.as_ref().and_then(Lifecycle::to_agent),
         },
     };
     let origin = Origin {
@@ -387,6 +407,7 @@ pub async fn launch_request(
         snapshot_id: restore.as_ref().map(|r| r.snapshot_id.clone()),
         tmp_on_root: restore.is_some(),
         agent_env: agent.env.clone(),
+        lifecycle: hooks.clone(),
         vm: match (backend, &ctx.vm) {
             (pvisor_worker::config::BackendKind::Vm, Ok(_)) => {
                 let (vcpus, memory_mib) = crate::sandbox::vm::VmAssets::shape(&limits);
@@ -411,7 +432,8 @@ pub async fn launch_request(
     // boots for seconds still shows the whole timeout between the two).
     let created_at = Utc::now();
     let expires_at = timeout.map(|t| created_at + ChronoDuration::seconds(t));
-    let plan = template_plan(&ctx, &image_id, origin.vm.as_ref(), &limits, vm_restore.is_some(), &id);
+    let restore_is_vm = vm_restore.is_some();
+    let plan = template_plan(&ctx, &image_id, origin.vm.as_ref(), &limits, restore_is_vm, &id);
     let (template_clone, vm_capture) = match &plan {
         Plan::Clone { files, .. } => (Some(files.clone()), None),
         Plan::Capture(c) => (None, Some(c.request.clone())),
@@ -428,9 +450,32 @@ pub async fn launch_request(
         expires_at,
         vm_restore: vm_restore.map(|(_, files)| files).or(template_clone),
         vm_capture,
+        // A restored machine's pre-start hook ran in its source.
+        pre_start_budget: match restore_is_vm {
+            true => std::time::Duration::ZERO,
+            false => hooks.as_ref().map_or(std::time::Duration::ZERO, Lifecycle::pre_start_budget),
+        },
     };
     let t_prepared = started.elapsed();
-    let launched = launch::launch(&ctx, &spec).await;
+    let launched = {
+        let launch = launch::launch(&ctx, &spec);
+        tokio::pin!(launch);
+        // Past the time a plain start may take, a create still waiting is
+        // running its pre-start hook: it gives up its create slot (not its
+        // place among the sandboxes), so long hooks do not hold up others.
+        match spec.pre_start_budget.is_zero() {
+            true => launch.await,
+            false => tokio::select! {
+                r = &mut launch => r,
+                () = tokio::time::sleep(ctx.ready_timeout) => {
+                    if let Some(admitted) = admitted {
+                        admitted.release_slot();
+                    }
+                    launch.await
+                }
+            },
+        }
+    };
     let t_launched = started.elapsed();
     let captured =
         launched.as_ref().map(|(_, _, r)| (r.template_cmdline.clone(), r.template_capture_us)).unwrap_or_default();

@@ -9,6 +9,7 @@ pub mod create_fields;
 pub mod diagnostics;
 pub mod egress;
 pub mod error;
+pub mod hooks;
 pub mod lifecycle;
 pub mod limits;
 pub mod models;

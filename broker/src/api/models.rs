@@ -56,7 +56,11 @@ pub struct CreateSandboxRequest {
     pub network_policy: Option<serde_json::Value>,
     #[serde(default)]
     pub credential_proxy: Option<CredentialProxy>,
+    /// Lifecycle hooks: `preStart` (the create answers after it) and `periodic`.
+    /// Any other hook, or a bad one, is a 400 `LIFECYCLE_*`; `GET` does not show them
+    /// (nor does the reference's).
     #[serde(default)]
+    #[schema(value_type = Option<crate::sandbox::hooks::Lifecycle>)]
     pub lifecycle: Option<serde_json::Value>,
     /// Every endpoint here needs its sandbox's token (the endpoint's
     /// `headers`), so `true` is what every sandbox gets: parsed (a value that

@@ -117,7 +117,7 @@ pub async fn create(
         return Ok(entry);
     }
     let mut launched =
-        lifecycle::launch_request(ctx, &sandbox_request(&tpl, req), lifecycle::new_id(), started).await?;
+        lifecycle::launch_request(ctx, &sandbox_request(&tpl, req), lifecycle::new_id(), started, None).await?;
     launched.requested.template_id = Some(tpl.id.clone());
     let entry = lifecycle::register(ctx, launched, Some(format!("from template {}", tpl.id)), started);
     // None was ready (or none fitted): have one ready for the next create.

@@ -349,7 +349,7 @@ async fn fill(ctx: &Arc<Ctx>, template: &str) {
         let req = super::sandboxes::warm_request(&tpl);
         let Ok(turn) = ctx.catalog.warm.starting.acquire().await else { return };
         let t0 = std::time::Instant::now();
-        let launched = match lifecycle::launch_request(ctx, &req, lifecycle::new_id(), t0).await {
+        let launched = match lifecycle::launch_request(ctx, &req, lifecycle::new_id(), t0, None).await {
             Ok(l) => l,
             Err(e) => {
                 drop(turn);

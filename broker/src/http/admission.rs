@@ -36,8 +36,17 @@ struct Counts {
 /// sandbox is in the registry, or the create failed).
 #[derive(Debug)]
 pub struct Creating {
-    _slot: OwnedSemaphorePermit,
+    slot: Option<OwnedSemaphorePermit>,
     _claim: Claim,
+}
+
+impl Creating {
+    /// Gives the create's slot to the next create while this one goes on
+    /// (still counted among the sandboxes): for a create that only waits for
+    /// its sandbox's pre-start hook.
+    pub fn release_slot(&mut self) {
+        self.slot = None;
+    }
 }
 
 /// One create's share of [`Counts::claimed`] (or of `queued`), given back on drop: a client
@@ -120,7 +129,7 @@ impl Admission {
             // the count.
             if let Ok(slot) = self.slots.clone().try_acquire_owned() {
                 c.claimed += 1;
-                return Ok(Creating { _slot: slot, _claim: Claim { counts: self.counts.clone(), queued: false } });
+                return Ok(Creating { slot: Some(slot), _claim: Claim { counts: self.counts.clone(), queued: false } });
             }
             if c.queued >= self.max_queued {
                 return Err(too_many(format!(
@@ -136,7 +145,7 @@ impl Admission {
         let slot = tokio::time::timeout(self.queue_wait, self.slots.clone().acquire_owned()).await;
         drop(waiting);
         match slot {
-            Ok(Ok(slot)) => Ok(Creating { _slot: slot, _claim: claim }),
+            Ok(Ok(slot)) => Ok(Creating { slot: Some(slot), _claim: claim }),
             Ok(Err(_closed)) => unreachable!("the semaphore is never closed"),
             Err(_elapsed) => Err(too_many(format!(
                 "no create slot came free within {} s (pvisor serve --max-concurrent-creates, --create-queue-wait-secs)",
@@ -246,5 +255,16 @@ mod tests {
         assert_eq!((claimed, a.queued()), (1, 0));
         drop(running);
         assert!(a.admit(0).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_released_slot_serves_the_next_create_and_the_sandbox_stays_counted() {
+        let a = Admission::new(1, 8, Duration::from_secs(30), 2);
+        let mut hooked = a.admit(0).await.unwrap();
+        hooked.release_slot();
+        let next = a.admit(0).await.expect("the slot was given back");
+        assert_eq!(code(a.admit(0).await), ("SANDBOX_LIMIT_REACHED", None), "both still count");
+        drop((hooked, next));
+        assert_eq!(lock(&a.counts).claimed, 0);
     }
 }

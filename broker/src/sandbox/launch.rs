@@ -39,6 +39,9 @@ pub struct LaunchSpec {
     pub vm_restore: Option<super::vm::VmRestoreFiles>,
     /// vm: capture a template during this create (see [`super::templates`]).
     pub vm_capture: Option<pvisor_proto::worker::TemplateCapture>,
+    /// How much longer than `--ready-timeout-secs` the start may take: the
+    /// pre-start hook's timeout, which the agent enforces.
+    pub pre_start_budget: Duration,
 }
 
 /// The limits of the sandbox's whole group. A vm's guest RAM is the memory
@@ -91,6 +94,7 @@ pub async fn launch(
     spec: &LaunchSpec,
 ) -> Result<(Runtime, tokio::process::Child, pvisor_proto::worker::ReadyReply), ApiError> {
     let t0 = std::time::Instant::now();
+    let ready_timeout = ctx.ready_timeout + spec.pre_start_budget;
     let c = ctx.clone();
     let w = tokio::task::spawn_blocking(move || c.pool.take(&c))
         .await
@@ -128,14 +132,14 @@ pub async fn launch(
             backend: Some(backend),
             outlive_broker: ctx.durable,
             deadline_unix_ms: spec.expires_at.map(|t| t.timestamp_millis()).unwrap_or(0),
-            ready_timeout_ms: u32::try_from(ctx.ready_timeout.as_millis()).unwrap_or(u32::MAX),
+            ready_timeout_ms: u32::try_from(ready_timeout.as_millis()).unwrap_or(u32::MAX),
         };
         pvisor_worker::launch::send_config(config, &cfg).map_err(|e| format!("configure worker: {e}"))
     })();
     let t_configured = t0.elapsed();
     let ready = match prepared {
-        Ok(()) => wait_ready(&socket, ctx.ready_timeout).await,
-        Err(e) => Err(e),
+        Ok(()) => wait_ready(&socket, ready_timeout).await,
+        Err(e) => Err(NotReady::Failed(e)),
     };
     tracing::debug!(sandbox = %spec.id, configured = ?t_configured, ready = ?t0.elapsed(), "launch");
     super::pool::Pool::refill(ctx.clone());
@@ -166,7 +170,13 @@ pub async fn launch(
                 ready,
             ))
         }
-        Err(msg) => {
+        Err(NotReady::PreStart(failure, msg)) => {
+            // The sandbox's own hook failed: it goes, and the hook's account is the answer.
+            let left = Leftovers { child, lifeline, socket, log, cgroup, state_dir, unused_disk };
+            left.remove(&spec.id).await;
+            Err(super::hooks::pre_start_failed(&failure, &msg))
+        }
+        Err(NotReady::Failed(msg)) => {
             // A worker that died first (killed, crashed) says how: "transport error" alone does not.
             // (Its exit follows the closing of its socket by a moment.)
             let died = match tokio::time::timeout(std::time::Duration::from_millis(200), child.wait()).await {
@@ -174,33 +184,66 @@ pub async fn launch(
                 _ => String::new(),
             };
             let msg = format!("{msg}{died}");
-            let _ = child.start_kill();
-            let _ = child.wait().await;
             let tail = log_tail(&log);
-            drop(lifeline);
-            let id = spec.id.clone();
-            tokio::task::spawn_blocking(move || {
-                release_files(&socket, &log, cgroup.as_ref());
-                let _ = super::trees::remove_state_dir(&id, &state_dir);
-                // The worker is gone: nothing makes the directory any more.
-                if let Some(d) = unused_disk {
-                    d.remove();
-                }
-            })
-            .await
-            .ok();
+            let left = Leftovers { child, lifeline, socket, log, cgroup, state_dir, unused_disk };
+            left.remove(&spec.id).await;
             Err(start_failed(if tail.is_empty() { msg } else { format!("{msg}; worker log: {tail}") }))
         }
     }
 }
 
-async fn wait_ready(socket: &Path, timeout: Duration) -> Result<(Channel, pvisor_proto::worker::ReadyReply), String> {
-    let channel = pvisor_worker::launch::connect_unix(socket).await.map_err(|e| format!("connect to worker: {e}"))?;
+/// Why a worker did not report its sandbox ready.
+enum NotReady {
+    /// The sandbox's pre-start hook failed (the agent's account of it).
+    PreStart(pvisor_proto::agent::HookFailure, String),
+    /// Anything else, in words.
+    Failed(String),
+}
+
+/// What a create whose sandbox did not start leaves: its worker and files.
+struct Leftovers {
+    child: tokio::process::Child,
+    lifeline: std::os::fd::OwnedFd,
+    socket: PathBuf,
+    log: PathBuf,
+    cgroup: Option<pvisor_worker::cgroup::GroupPaths>,
+    state_dir: PathBuf,
+    unused_disk: Option<super::pool::DiskAhead>,
+}
+
+impl Leftovers {
+    /// Ends the worker and removes the rest.
+    async fn remove(self, id: &str) {
+        let Leftovers { mut child, lifeline, socket, log, cgroup, state_dir, unused_disk } = self;
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        drop(lifeline);
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || {
+            release_files(&socket, &log, cgroup.as_ref());
+            let _ = super::trees::remove_state_dir(&id, &state_dir);
+            // The worker is gone: nothing makes the directory any more.
+            if let Some(d) = unused_disk {
+                d.remove();
+            }
+        })
+        .await
+        .ok();
+    }
+}
+
+async fn wait_ready(socket: &Path, timeout: Duration) -> Result<(Channel, pvisor_proto::worker::ReadyReply), NotReady> {
+    let channel = pvisor_worker::launch::connect_unix(socket)
+        .await
+        .map_err(|e| NotReady::Failed(format!("connect to worker: {e}")))?;
     let mut client = WorkerClient::new(channel.clone());
     match tokio::time::timeout(timeout, client.ready(pvisor_proto::worker::Empty {})).await {
         Ok(Ok(r)) => Ok((channel, r.into_inner())),
-        Ok(Err(s)) => Err(s.message().to_string()),
-        Err(_) => Err(format!("sandbox not ready within {} s", timeout.as_secs())),
+        Ok(Err(s)) => Err(match pvisor_proto::hook_failure_of(&s) {
+            Some(f) => NotReady::PreStart(f, s.message().to_string()),
+            None => NotReady::Failed(s.message().to_string()),
+        }),
+        Err(_) => Err(NotReady::Failed(format!("sandbox not ready within {} s", timeout.as_secs()))),
     }
 }
 

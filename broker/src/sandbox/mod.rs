@@ -5,6 +5,7 @@ pub mod disk;
 pub mod egress;
 pub mod events;
 pub mod expiry;
+pub mod hooks;
 pub mod images;
 pub mod ksm;
 pub mod launch;

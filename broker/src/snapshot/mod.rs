@@ -42,6 +42,10 @@ pub struct Origin {
     /// The whole environment the agent was configured with (`env` plus the
     /// sandbox's id): a vm snapshot's agent keeps it.
     pub agent_env: Vec<String>,
+    /// The sandbox's lifecycle hooks: its agent runs them (a vm snapshot's
+    /// agent goes on running them in its restores).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<crate::sandbox::hooks::Lifecycle>,
     /// vm: the machine's shape, fixed at create.
     pub vm: Option<VmShape>,
 }

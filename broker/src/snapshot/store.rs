@@ -86,6 +86,9 @@ pub struct VmSnapshot {
     pub agent_workdir: String,
     pub agent_user: String,
     pub agent_entrypoint: Vec<String>,
+    /// Its lifecycle hooks (the restored agent goes on running them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_lifecycle: Option<crate::sandbox::hooks::Lifecycle>,
     pub state_bytes: u64,
 }
 

@@ -45,7 +45,7 @@ pub enum TakeError {
 enum Taken {
     /// ns: the snapshot's image in the pool.
     Image(String),
-    Vm(VmSnapshot),
+    Vm(Box<VmSnapshot>),
 }
 
 /// Runs the snapshot `rec` of `sb` to its end state (spawned by the API).
@@ -56,7 +56,10 @@ pub fn spawn(ctx: Arc<Ctx>, sb: Arc<SandboxEntry>, rec: SnapshotRecord) {
         // One snapshot of a sandbox at a time (see SandboxEntry::snapshot_lock).
         let turn = sb.snapshot_lock.lock().await;
         let r = match vm {
-            true => tokio::time::timeout(TIMEOUT, async { run_vm(&ctx, &sb, &rec).await.map(Taken::Vm) }).await,
+            true => {
+                tokio::time::timeout(TIMEOUT, async { run_vm(&ctx, &sb, &rec).await.map(|v| Taken::Vm(Box::new(v))) })
+                    .await
+            }
             false => tokio::time::timeout(TIMEOUT, async { run(&ctx, &sb, &rec).await.map(Taken::Image) }).await,
         };
         let (state, reason, message, taken) = match r {
@@ -76,7 +79,7 @@ pub fn spawn(ctx: Arc<Ctx>, sb: Arc<SandboxEntry>, rec: SnapshotRecord) {
         }
         let (image_id, vm) = match taken {
             Some(Taken::Image(id)) => (Some(id), None),
-            Some(Taken::Vm(v)) => (None, Some(v)),
+            Some(Taken::Vm(v)) => (None, Some(*v)),
             None => (None, None),
         };
         tracing::info!(snapshot = %rec.id, sandbox = %sb.id, state = state.as_str(), %message,
@@ -188,6 +191,7 @@ async fn run_vm(ctx: &Arc<Ctx>, sb: &Arc<SandboxEntry>, rec: &SnapshotRecord) ->
         agent_workdir: sb.origin.working_dir.clone(),
         agent_user: sb.origin.user.clone(),
         agent_entrypoint: sb.entrypoint.clone(),
+        agent_lifecycle: sb.origin.lifecycle.clone(),
         state_bytes: reply.state_bytes,
     })
 }
