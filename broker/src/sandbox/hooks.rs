@@ -12,7 +12,10 @@ use std::time::Duration;
 
 /// Lifecycle hooks of a sandbox. Commands are argv, executed directly (no
 /// shell unless they name one), as the sandbox's commands are: the image's
-/// env, env file, workdir and user.
+/// env, env file, workdir and user. `preStart` runs once the sandbox is up,
+/// before its periodic hooks and its entrypoint start, and the create answers
+/// after it; its failure is the create's answer (400 `PRESTART_FAILED`, or
+/// `PRESTART_TIMEOUT` past its timeout) and nothing of the sandbox is left.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default, rename_all = "camelCase")]
 pub struct Lifecycle {
@@ -34,6 +37,7 @@ pub struct Lifecycle {
 #[serde(default, rename_all = "camelCase")]
 pub struct Hook {
     /// Command and arguments; the first must not be blank.
+    #[schema(required = true)]
     pub command: Vec<String>,
     /// Seconds the hook may run before it is killed: 1 to 10800 (preStart),
     /// 1 to 300 (periodic); 60 when omitted.
@@ -44,10 +48,14 @@ pub struct Hook {
 #[serde(default, rename_all = "camelCase")]
 pub struct PeriodicHook {
     /// Unique among the sandbox's periodic hooks (surrounding blanks dropped).
+    #[schema(required = true)]
     pub name: String,
     /// Five-field cron (`*/5 * * * *`), a descriptor (`@hourly`, `@daily`, ...)
     /// or `@every <duration>` (whole seconds, at least 1: `@every 30s`), in UTC.
+    #[schema(required = true)]
     pub schedule: String,
+    /// Command and arguments; the first must not be blank.
+    #[schema(required = true)]
     pub command: Vec<String>,
     /// 1 to 300; 60 when omitted.
     pub timeout_seconds: u32,
