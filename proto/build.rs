@@ -5,6 +5,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     let protos = [
         "pvisor/agent/v1/agent.proto",
+        "pvisor/isolator/v1/isolator.proto",
         "pvisor/net/v1/net.proto",
         "pvisor/worker/v1/worker.proto",
         "pvisor/worker/v1/config.proto",

@@ -1,6 +1,8 @@
 //! gRPC contracts of pvisor.
 //!
 //! * [`agent`]: the in-sandbox agent (commands, sessions, files, tunnels).
+//! * [`isolator`]: the agent's contract with its isolator and with isolated
+//!   sessions' inits (one message per datagram, no service).
 //! * [`net`]: a sandbox's egress policy and the worker's contract with its
 //!   network process (pvisor-netd).
 //! * [`worker`]: the per-sandbox worker (readiness, metrics, pause, shutdown)
@@ -17,6 +19,11 @@ pub mod pvisor {
             tonic::include_proto!("pvisor.agent.v1");
         }
     }
+    pub mod isolator {
+        pub mod v1 {
+            tonic::include_proto!("pvisor.isolator.v1");
+        }
+    }
     pub mod net {
         pub mod v1 {
             tonic::include_proto!("pvisor.net.v1");
@@ -30,6 +37,7 @@ pub mod pvisor {
 }
 
 pub use pvisor::agent::v1 as agent;
+pub use pvisor::isolator::v1 as isolator;
 pub use pvisor::net::v1 as net;
 pub use pvisor::worker::v1 as worker;
 

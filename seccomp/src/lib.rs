@@ -2,7 +2,7 @@
 //! entry of a table ([`rules`]) with a one-line justification, compiled to BPF at run time with
 //! seccompiler (no build script, no JSON).
 //!
-//! Six filters:
+//! Seven filters:
 //!
 //! * the [sandbox filter](sandbox), installed by the sandbox's init right before it execs the
 //!   in-sandbox agent, so that it applies to every process in the sandbox;
@@ -13,7 +13,10 @@
 //! * the [vCPU and VMM device filters](vmm), installed per thread by the VMM of a vm-backend
 //!   worker (allow lists);
 //! * the [netd filter](netd), installed by `pvisor-netd`, a sandbox's network process (an
-//!   allow list).
+//!   allow list);
+//! * the [isolator filter](isolator), installed by the agent's isolator, the in-sandbox helper
+//!   that builds isolated sessions (the sandbox filter with namespace creation and mounts let
+//!   through).
 //!
 //! The first two default to *allow* and refuse a deny list (mostly with `EPERM`, like Docker's
 //! default profile); the image server filter is an allow list that kills the process on any
@@ -37,6 +40,7 @@ compile_error!("pvisor-seccomp supports Linux on x86_64 and aarch64 only");
 mod compile;
 mod error;
 pub mod image_server;
+pub mod isolator;
 pub mod netd;
 pub mod privileges;
 mod rules;
@@ -50,6 +54,7 @@ mod tests;
 pub use compile::BPF_MAX_LEN;
 pub use error::Error;
 pub use image_server::image_server_filter;
+pub use isolator::isolator_filter;
 pub use netd::netd_filter;
 pub use rules::{
     rules, rules_markdown, Action, DefaultAction, FilterKind, Rule, When, ALLOWED_PERSONAS, CLONE_NAMESPACE_FLAGS,
@@ -69,6 +74,7 @@ pub fn filter(kind: FilterKind) -> Result<BpfProgram, Error> {
         FilterKind::Vcpu => vcpu_filter(),
         FilterKind::VmmDevice => vmm_device_filter(),
         FilterKind::Netd => netd_filter(),
+        FilterKind::Isolator => isolator_filter(),
     }
 }
 

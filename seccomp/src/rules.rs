@@ -35,23 +35,27 @@ pub enum FilterKind {
     VmmDevice,
     /// Installed by `pvisor-netd`, a sandbox's network process, once it has jailed itself.
     Netd,
+    /// Installed by the agent's isolator, the in-sandbox helper that builds isolated
+    /// sessions' namespaces and mounts; the sessions' processes add the sandbox filter.
+    Isolator,
 }
 
 impl FilterKind {
     /// Every kind, sandbox first.
-    pub const ALL: [FilterKind; 6] = [
+    pub const ALL: [FilterKind; 7] = [
         FilterKind::Sandbox,
         FilterKind::Worker,
         FilterKind::ImageServer,
         FilterKind::Vcpu,
         FilterKind::VmmDevice,
         FilterKind::Netd,
+        FilterKind::Isolator,
     ];
 
     /// What the filter does with a syscall that no rule (or no rule's condition) matches.
     pub fn default_action(self) -> DefaultAction {
         match self {
-            FilterKind::Sandbox | FilterKind::Worker => DefaultAction::Allow,
+            FilterKind::Sandbox | FilterKind::Worker | FilterKind::Isolator => DefaultAction::Allow,
             FilterKind::ImageServer | FilterKind::Vcpu | FilterKind::VmmDevice | FilterKind::Netd => {
                 DefaultAction::KillProcess
             }
@@ -68,6 +72,7 @@ impl fmt::Display for FilterKind {
             FilterKind::Vcpu => "vcpu",
             FilterKind::VmmDevice => "vmm device",
             FilterKind::Netd => "netd",
+            FilterKind::Isolator => "isolator",
         })
     }
 }
@@ -223,25 +228,29 @@ pub fn rules(kind: FilterKind) -> &'static [Rule] {
         }
         FilterKind::Worker => {
             static WORKER_TABLE: OnceLock<Vec<Rule>> = OnceLock::new();
-            WORKER_TABLE.get_or_init(compose_worker)
+            WORKER_TABLE.get_or_init(|| compose(WORKER))
+        }
+        FilterKind::Isolator => {
+            static ISOLATOR_TABLE: OnceLock<Vec<Rule>> = OnceLock::new();
+            ISOLATOR_TABLE.get_or_init(|| compose(ISOLATOR))
         }
     }
 }
 
-/// Sandbox rules, then worker rules replacing sandbox ones with the same syscall number.
-fn compose_worker() -> Vec<Rule> {
-    let mut out = Vec::with_capacity(SANDBOX.len() + WORKER.len());
+/// Sandbox rules, then `own` rules replacing sandbox ones with the same syscall number.
+fn compose(own: &[Rule]) -> Vec<Rule> {
+    let mut out = Vec::with_capacity(SANDBOX.len() + own.len());
     for s in SANDBOX {
-        if WORKER.iter().any(|w| w.sysno == s.sysno) {
-            // Put the worker's rules where the sandbox rule was, once.
+        if own.iter().any(|w| w.sysno == s.sysno) {
+            // Put the own rules where the sandbox rule was, once.
             if !out.iter().any(|r: &Rule| r.sysno == s.sysno) {
-                out.extend(WORKER.iter().filter(|w| w.sysno == s.sysno).copied());
+                out.extend(own.iter().filter(|w| w.sysno == s.sysno).copied());
             }
         } else {
             out.push(*s);
         }
     }
-    for w in WORKER {
+    for w in own {
         if !SANDBOX.iter().any(|s| s.sysno == w.sysno) {
             out.push(*w);
         }
@@ -253,6 +262,15 @@ fn compose_worker() -> Vec<Rule> {
 pub(crate) fn is_worker_specific(rule: &Rule) -> bool {
     WORKER.contains(rule)
 }
+
+/// Whether an isolator rule comes from the isolator's own list (as opposed to the sandbox's).
+pub(crate) fn is_isolator_specific(rule: &Rule) -> bool {
+    ISOLATOR.contains(rule)
+}
+
+/// Namespaces the isolator never makes: a user namespace (sessions run in the sandbox's),
+/// a cgroup namespace, a time namespace.
+const ISOLATOR_REFUSED_NAMESPACES: u64 = (libc::CLONE_NEWUSER | libc::CLONE_NEWCGROUP) as u64;
 
 const fn strip_sys_prefix(s: &'static str) -> &'static str {
     let bytes = s.as_bytes();
@@ -548,6 +566,36 @@ pub static WORKER: &[Rule] = &[
     ),
 ];
 
+/// The isolator's own rules (the agent's helper that builds isolated sessions, and each
+/// session's init until it has built the session's mounts). The isolator filter is the sandbox
+/// filter with these replacing the sandbox rules for the same syscalls: what building pid,
+/// mount, ipc, uts and network namespaces and a session's mount layout needs, nothing more.
+/// A session's init adds the sandbox filter before any session process runs.
+pub static ISOLATOR: &[Rule] = &[
+    rule!(SYS_unshare, EPERM, When::ArgAnyBit { arg: 0, mask: ISOLATOR_REFUSED_NAMESPACES | libc::CLONE_NEWTIME as u64 },
+        "The isolator clones sessions into new pid, mount, ipc, uts (and network) namespaces; never a user, cgroup or time namespace."),
+    rule!(SYS_clone, EPERM, When::ArgAnyBit { arg: 0, mask: ISOLATOR_REFUSED_NAMESPACES },
+        "Same as unshare: a session's namespaces come from clone(2), never a user or cgroup namespace."),
+    rule!(SYS_mount, Action::Allow, Always,
+        "A session's init builds its root: a private copy of the sandbox's mounts, tmpfs, proc, devpts, overlay and bind mounts."),
+    rule!(SYS_umount2, Action::Allow, Always,
+        "A session's init detaches the sandbox's old root after pivot_root."),
+    rule!(SYS_pivot_root, Action::Allow, Always,
+        "A session's init switches to the root it built."),
+    rule!(SYS_mount_setattr, Action::Allow, Always,
+        "A session's init makes cloned mount trees read-only (recursively)."),
+    rule!(SYS_move_mount, Action::Allow, Always,
+        "A session's init attaches cloned mount trees and fresh filesystems."),
+    rule!(SYS_open_tree, Action::Allow, Always,
+        "A session's init clones the sandbox's mounts (volumes, /sys, the sandbox's /tmp) into its root."),
+    rule!(SYS_fsopen, Action::Allow, Always,
+        "A session's init makes the tmpfs that holds its memory-backed overlay uppers (never attached anywhere)."),
+    rule!(SYS_fsconfig, Action::Allow, Always,
+        "Options of that tmpfs."),
+    rule!(SYS_fsmount, Action::Allow, Always,
+        "Turns that tmpfs into a detached mount."),
+];
+
 /// `clone` flags the image server may pass: a thread (`CLONE_THREAD`), never a namespace.
 const CLONE_THREAD_CHECK: u64 = libc::CLONE_THREAD as u64 | CLONE_NAMESPACE_FLAGS;
 
@@ -708,6 +756,30 @@ pub fn rules_markdown() -> String {
     md.push_str("| Syscall | Nr | Action | When | From | Why |\n|---|---:|---|---|---|---|\n");
     for r in rules(FilterKind::Worker) {
         let from = if is_worker_specific(r) { "worker" } else { "sandbox" };
+        let _ = writeln!(
+            md,
+            "| `{}` | {} | {} | {} | {} | {} |",
+            r.name,
+            r.sysno,
+            r.action,
+            cell(&r.when.to_string()),
+            from,
+            cell(r.justification)
+        );
+    }
+
+    let _ = writeln!(md, "\n## Isolator filter\n");
+    let _ = writeln!(
+        md,
+        "Installed by the agent's isolator (the in-sandbox helper that builds isolated \
+         sessions, `agent/src/isolated/`) on itself, before it serves; each session's init \
+         inherits it and adds the sandbox filter once the session's mounts are built. The \
+         sandbox rules, with the isolator's own rules (From = isolator) replacing them. {}\n",
+        summary(rules(FilterKind::Isolator))
+    );
+    md.push_str("| Syscall | Nr | Action | When | From | Why |\n|---|---:|---|---|---|---|\n");
+    for r in rules(FilterKind::Isolator) {
+        let from = if is_isolator_specific(r) { "isolator" } else { "sandbox" };
         let _ = writeln!(
             md,
             "| `{}` | {} | {} | {} | {} | {} |",

@@ -229,6 +229,51 @@ fn worker_refuses_everything_the_sandbox_refuses() {
     }
 }
 
+/// The isolator lets through exactly what building a session takes: pid, mount, ipc, uts and
+/// network namespaces by clone, the mount syscalls; everything else the sandbox refuses stays
+/// refused (user namespaces, setns, fspick, modules, ...).
+#[test]
+fn isolator_filter_opens_only_namespaces_and_mounts() {
+    let sandbox = filter(FilterKind::Sandbox).unwrap();
+    let isolator = filter(FilterKind::Isolator).unwrap();
+    let ns = (libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNET)
+        as u64
+        | libc::SIGCHLD as u64;
+    assert_eq!(run(&isolator, libc::SYS_clone as u32, ARCH, [ns, 0, 0, 0, 0, 0]), ALLOW);
+    assert_ne!(run(&sandbox, libc::SYS_clone as u32, ARCH, [ns, 0, 0, 0, 0, 0]), ALLOW);
+    for refused in [libc::CLONE_NEWUSER, libc::CLONE_NEWCGROUP] {
+        let flags = ns | refused as u64;
+        assert_eq!(run(&isolator, libc::SYS_clone as u32, ARCH, [flags, 0, 0, 0, 0, 0]), errno_ret(libc::EPERM));
+        assert_eq!(
+            run(&isolator, libc::SYS_unshare as u32, ARCH, [refused as u64, 0, 0, 0, 0, 0]),
+            errno_ret(libc::EPERM)
+        );
+    }
+    assert_eq!(
+        run(&isolator, libc::SYS_unshare as u32, ARCH, [libc::CLONE_NEWTIME as u64, 0, 0, 0, 0, 0]),
+        errno_ret(libc::EPERM)
+    );
+    for opened in
+        ["mount", "umount2", "pivot_root", "mount_setattr", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount"]
+    {
+        let nr = rules(FilterKind::Sandbox).iter().find(|r| r.name == opened).unwrap().sysno as u32;
+        assert_eq!(run(&isolator, nr, ARCH, [0; 6]), ALLOW, "{opened}");
+        assert_ne!(run(&sandbox, nr, ARCH, [0; 6]), ALLOW, "{opened}");
+    }
+    // Everything else the sandbox refuses, the isolator refuses the same way.
+    let table = rules(FilterKind::Sandbox);
+    let own: Vec<u32> = rules(FilterKind::Isolator)
+        .iter()
+        .filter(|r| crate::rules::is_isolator_specific(r))
+        .map(|r| r.sysno as u32)
+        .collect();
+    for nr in all_sysnos(table).into_iter().filter(|nr| !own.contains(nr)) {
+        for args in sample_args(table, nr) {
+            assert_eq!(run(&isolator, nr, ARCH, args), run(&sandbox, nr, ARCH, args), "{nr} {args:x?}");
+        }
+    }
+}
+
 fn action_of(kind: FilterKind, name: &str) -> Option<(Action, When)> {
     rules(kind).iter().find(|r| r.name == name).map(|r| (r.action, r.when))
 }
