@@ -6,7 +6,8 @@
 //! and network namespaces, a read-only copy of the sandbox's root with the session's mounts).
 //! It installs this filter on itself before it serves the agent: the sandbox filter, with
 //! `clone`/`unshare` let through for those namespaces (never a user, cgroup or time
-//! namespace) and the mount syscalls a session's layout needs. Each session's init inherits
+//! namespace) and `mount`, `umount2`, `pivot_root` and `mount_setattr` for a session's layout (the
+//! rest of the mount API stays refused). Each session's init inherits
 //! it and, once its mounts are built, adds the [sandbox filter](crate::sandbox) (filters
 //! stack; the stricter answer wins), so every process of a session runs under exactly the
 //! sandbox's rules. See `ISOLATOR` in `rules.rs`.
