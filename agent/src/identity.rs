@@ -22,6 +22,10 @@ use tonic::Status;
 /// The metadata key carrying `uid:gid`.
 pub const METADATA_KEY: &str = "x-pvisor-identity";
 
+/// The metadata key naming an isolated session: the file call runs inside
+/// its root, as its identity (execd's `/v1/isolated/session/{id}/files/...`).
+pub const SESSION_KEY: &str = "x-pvisor-isolated-session";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Identity {
     pub uid: u32,
@@ -90,6 +94,51 @@ impl Identity {
             return Err(denied("setfsuid", std::io::Error::from_raw_os_error(libc::EINVAL)));
         }
         Ok(())
+    }
+}
+
+/// Where and as whom file work runs: the agent's root or an isolated
+/// session's (`root`), as the agent or another identity (`who`).
+#[derive(Clone, Default)]
+pub struct Scope {
+    pub who: Option<Identity>,
+    pub root: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+}
+
+/// Makes `root` the calling thread's root (and cwd): the thread leaves the
+/// filesystem context it shares with the process first (`unshare(CLONE_FS)`),
+/// so nothing else of the agent moves. Paths then resolve inside that root,
+/// `..` and symlinks included, with the mounts of the namespace it belongs to.
+fn enter(root: &std::os::fd::OwnedFd) -> Result<(), AgentError> {
+    use std::os::fd::AsRawFd;
+    let err = |what: &str, e: nix::errno::Errno| AgentError::io(format!("enter the session's root ({what})"), e.into());
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS).map_err(|e| err("unshare", e))?;
+    nix::unistd::fchdir(root.as_raw_fd()).map_err(|e| err("fchdir", e))?;
+    nix::unistd::chroot(".").map_err(|e| err("chroot", e))?;
+    nix::unistd::chdir("/").map_err(|e| err("chdir", e))
+}
+
+impl Scope {
+    /// Runs blocking file work in this scope: on the runtime's blocking pool
+    /// for the agent itself, else on a thread of its own that takes the root
+    /// and identity and ends with the work.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
+    ) -> Result<T, Status> {
+        let Some(root) = self.root.clone() else {
+            return blocking_as(self.who, f).await;
+        };
+        let who = self.who;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("isolated-files".into())
+            .spawn(move || {
+                let r = enter(&root).and_then(|()| who.map_or(Ok(()), Identity::assume)).and_then(|()| f());
+                let _ = tx.send(r);
+            })
+            .map_err(|e| Status::resource_exhausted(format!("file thread: {e}")))?;
+        rx.await.map_err(|_| Status::internal("file thread ended without an answer"))?.map_err(Status::from)
     }
 }
 

@@ -20,6 +20,7 @@ pub mod files;
 pub mod guest;
 pub mod hooks;
 pub mod identity;
+pub mod isolated;
 pub mod line_window;
 pub mod lines;
 pub mod passwd;

@@ -7,7 +7,8 @@ use crate::commands::Commands;
 use crate::config::AgentConfig;
 use crate::files;
 use crate::hooks;
-use crate::identity::{blocking_as, Identity};
+use crate::identity::{Identity, Scope, SESSION_KEY};
+use crate::isolated::Isolation;
 use crate::line_window::{self, LineWindow};
 use crate::session::Sessions;
 use pvisor_proto::agent::agent_server::Agent;
@@ -25,6 +26,7 @@ pub struct Configured {
     pub commands: Arc<Commands>,
     pub sessions: Arc<Sessions>,
     pub code: Arc<Contexts>,
+    pub isolation: Arc<Isolation>,
     /// How starting the sandbox went (the pre-start hook, then the periodic
     /// hooks and the entrypoint); None while it is going.
     started: watch::Receiver<Option<Result<(), Status>>>,
@@ -37,11 +39,19 @@ pub struct Configured {
 #[derive(Clone, Default)]
 pub struct AgentService {
     state: Arc<OnceLock<Configured>>,
+    /// The agent's end of its isolator's socket, until configured.
+    isolator: Arc<std::sync::Mutex<Option<std::os::fd::OwnedFd>>>,
 }
 
 impl AgentService {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A service whose isolated sessions are built by the isolator at the
+    /// other end of `isolator` ([`crate::isolated::isolator`]).
+    pub fn with_isolator(isolator: Option<std::os::fd::OwnedFd>) -> Self {
+        AgentService { isolator: Arc::new(std::sync::Mutex::new(isolator)), ..Self::default() }
     }
 
     /// The configured state, or the status every call but Ping/Configure
@@ -61,9 +71,11 @@ impl AgentService {
             applied = true;
             let config = Arc::new(cfg.clone());
             let sessions = Arc::new(Sessions::new(config.clone()));
+            let isolator = self.isolator.lock().unwrap_or_else(|e| e.into_inner()).take();
             Configured {
                 commands: Commands::new(config.clone()),
                 code: Arc::new(Contexts::new(config.clone(), sessions.clone())),
+                isolation: Isolation::new(config.clone(), isolator),
                 sessions,
                 config,
                 started,
@@ -103,6 +115,24 @@ impl AgentService {
 
     fn code(&self) -> Result<&Arc<Contexts>, Status> {
         Ok(&self.configured()?.code)
+    }
+
+    fn isolation(&self) -> Result<&Arc<Isolation>, Status> {
+        Ok(&self.configured()?.isolation)
+    }
+
+    /// Where a file call runs: the metadata may name another identity, or an
+    /// isolated session (its root, as its identity).
+    fn scope(&self, md: &tonic::metadata::MetadataMap) -> Result<Scope, Status> {
+        let who = Identity::from_metadata(md)?;
+        let Some(v) = md.get(SESSION_KEY) else {
+            return Ok(Scope { who, root: None });
+        };
+        let id = v.to_str().map_err(|_| Status::invalid_argument(format!("{SESSION_KEY} is not text")))?;
+        let s = self.isolation()?.get(id)?;
+        s.check_active()?;
+        let who = (s.uid != 0 || s.gid != 0).then_some(Identity { uid: s.uid, gid: s.gid });
+        Ok(Scope { who, root: Some(s.root.clone()) })
     }
 }
 
@@ -214,15 +244,15 @@ impl Agent for AgentService {
 
     async fn stat(&self, req: Request<PathsRequest>) -> Res<FileList> {
         self.configured()?;
-        let who = Identity::from_metadata(req.metadata())?;
+        let scope = self.scope(req.metadata())?;
         let paths = req.into_inner().paths;
-        let files = blocking_as(who, move || files::stat(&paths)).await?;
+        let files = scope.run(move || files::stat(&paths)).await?;
         Ok(Response::new(FileList { files }))
     }
 
     async fn upload(&self, req: Request<Streaming<UploadChunk>>) -> Res<Empty> {
         self.configured()?;
-        let who = Identity::from_metadata(req.metadata())?;
+        let scope = self.scope(req.metadata())?;
         let mut inbound = req.into_inner();
         let mut current: Option<files::UploadFile> = None;
         let result: Result<(), Status> = async {
@@ -230,41 +260,44 @@ impl Agent for AgentService {
                 match chunk.kind {
                     Some(upload_chunk::Kind::Header(h)) => {
                         if let Some(f) = current.take() {
-                            blocking_as(who, move || f.finish()).await?;
+                            scope.run(move || f.finish()).await?;
                         }
                         current = Some(
-                            blocking_as(who, move || files::UploadFile::create(&h.path, h.mode, h.owner, h.group))
-                                .await?,
+                            scope.run(move || files::UploadFile::create(&h.path, h.mode, h.owner, h.group)).await?,
                         );
                     }
                     Some(upload_chunk::Kind::Data(d)) => {
                         let mut f = current.take().ok_or_else(|| Status::invalid_argument("data before header"))?;
                         // Writes go to the open file: no permission check left to make.
-                        // A failed write (ENOSPC past the disk bound) removes the temporary
-                        // file here: the file is gone from `current`, so the abort below
-                        // cannot (a partial upload would hold the space until the sandbox ends).
-                        current = Some(
-                            blocking_as(None, move || match f.write(&d) {
-                                Ok(()) => Ok(f),
-                                Err(e) => {
-                                    f.abort();
-                                    Err(e)
-                                }
-                            })
-                            .await?,
-                        );
+                        // A failed write (ENOSPC past the disk bound) puts the file back
+                        // for the abort below (a partial upload would hold the space
+                        // until the sandbox ends).
+                        let (f, wrote) = tokio::task::spawn_blocking(move || {
+                            let r = f.write(&d);
+                            (f, r)
+                        })
+                        .await
+                        .map_err(|e| Status::internal(e.to_string()))?;
+                        current = Some(f);
+                        wrote?;
                     }
                     None => {}
                 }
             }
             if let Some(f) = current.take() {
-                blocking_as(who, move || f.finish()).await?;
+                scope.run(move || f.finish()).await?;
             }
             Ok(())
         }
         .await;
         if let (Err(_), Some(f)) = (&result, current.take()) {
-            f.abort();
+            // In the scope the file was made in (an isolated session's root).
+            let _ = scope
+                .run(move || {
+                    f.abort();
+                    Ok(())
+                })
+                .await;
         }
         result.map(|_| Response::new(Empty {}))
     }
@@ -272,14 +305,14 @@ impl Agent for AgentService {
     type DownloadStream = Stream<DataChunk>;
     async fn download(&self, req: Request<DownloadRequest>) -> Res<Self::DownloadStream> {
         self.configured()?;
-        let who = Identity::from_metadata(req.metadata())?;
+        let scope = self.scope(req.metadata())?;
         let r = req.into_inner();
         if let Some(lines) = r.lines {
             let window = LineWindow::new(lines.first, lines.count)?;
-            let (file, _) = blocking_as(who, move || files::open_for_read(&r.path, 0, 0)).await?;
+            let (file, _) = scope.run(move || files::open_for_read(&r.path, 0, 0)).await?;
             return Ok(Response::new(line_window::send(file, window)));
         }
-        let (mut file, mut left) = blocking_as(who, move || files::open_for_read(&r.path, r.offset, r.limit)).await?;
+        let (mut file, mut left) = scope.run(move || files::open_for_read(&r.path, r.offset, r.limit)).await?;
         let (tx, rx) = mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
             while left > 0 {
@@ -304,65 +337,65 @@ impl Agent for AgentService {
 
     async fn remove_files(&self, req: Request<PathsRequest>) -> Res<Empty> {
         self.configured()?;
-        let who = Identity::from_metadata(req.metadata())?;
+        let scope = self.scope(req.metadata())?;
         let paths = req.into_inner().paths;
-        blocking_as(who, move || files::remove_files(&paths)).await?;
+        scope.run(move || files::remove_files(&paths)).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn r#move(&self, req: Request<MoveRequest>) -> Res<Empty> {
         self.configured()?;
-        let who = Identity::from_metadata(req.metadata())?;
+        let scope = self.scope(req.metadata())?;
         let moves = req.into_inner().moves;
-        blocking_as(who, move || moves.iter().try_for_each(|m| files::rename(&m.src, &m.dest))).await?;
+        scope.run(move || moves.iter().try_for_each(|m| files::rename(&m.src, &m.dest))).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn set_permissions(&self, req: Request<PermissionsRequest>) -> Res<Empty> {
         self.configured()?;
-        let who = Identity::from_metadata(req.metadata())?;
+        let scope = self.scope(req.metadata())?;
         let e = req.into_inner().entries;
-        blocking_as(who, move || files::set_permissions(&e)).await?;
+        scope.run(move || files::set_permissions(&e)).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn search(&self, req: Request<SearchRequest>) -> Res<FileList> {
         self.configured()?;
-        let who = Identity::from_metadata(req.metadata())?;
+        let scope = self.scope(req.metadata())?;
         let r = req.into_inner();
-        let files = blocking_as(who, move || files::search(&r.path, &r.pattern)).await?;
+        let files = scope.run(move || files::search(&r.path, &r.pattern)).await?;
         Ok(Response::new(FileList { files }))
     }
 
     async fn replace(&self, req: Request<ReplaceRequest>) -> Res<ReplaceReply> {
         self.configured()?;
-        let who = Identity::from_metadata(req.metadata())?;
+        let scope = self.scope(req.metadata())?;
         let e = req.into_inner().entries;
-        let counts = blocking_as(who, move || files::replace(&e)).await?;
+        let counts = scope.run(move || files::replace(&e)).await?;
         Ok(Response::new(ReplaceReply { counts }))
     }
 
     async fn make_dirs(&self, req: Request<PermissionsRequest>) -> Res<Empty> {
         self.configured()?;
-        let who = Identity::from_metadata(req.metadata())?;
+        let scope = self.scope(req.metadata())?;
         let e = req.into_inner().entries;
-        blocking_as(who, move || files::make_dirs(&e)).await?;
+        scope.run(move || files::make_dirs(&e)).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn list_dir(&self, req: Request<ListDirRequest>) -> Res<FileList> {
         self.configured()?;
-        let who = Identity::from_metadata(req.metadata())?;
+        let scope = self.scope(req.metadata())?;
         let r = req.into_inner();
-        let files = blocking_as(who, move || files::list_dir(&r.path, r.depth)).await?;
+        let files = scope.run(move || files::list_dir(&r.path, r.depth)).await?;
         Ok(Response::new(FileList { files }))
     }
 
     async fn remove_dirs(&self, req: Request<PathsRequest>) -> Res<Empty> {
         self.configured()?;
-        let who = Identity::from_metadata(req.metadata())?;
+        let scope = self.scope(req.metadata())?;
         let paths = req.into_inner().paths;
-        blocking_as(who, move || files::remove_dirs(&paths)).await?;
+        scope.run(move || files::remove_dirs(&paths)).await?;
         Ok(Response::new(Empty {}))
     }
 
@@ -416,5 +449,69 @@ impl Agent for AgentService {
     async fn interrupt_code(&self, req: Request<ContextRef>) -> Res<Empty> {
         self.code()?.interrupt(&req.into_inner().id)?;
         Ok(Response::new(Empty {}))
+    }
+
+    // Isolated sessions (OSEP-0013): `crate::isolated`.
+    async fn isolation_capabilities(&self, _: Request<Empty>) -> Res<IsolationCaps> {
+        Ok(Response::new(self.isolation()?.capabilities().await))
+    }
+
+    async fn create_isolated_session(&self, req: Request<IsolatedSessionSpec>) -> Res<IsolatedSession> {
+        Ok(Response::new(self.isolation()?.create(req.into_inner()).await?))
+    }
+
+    async fn get_isolated_session(&self, req: Request<IsolatedSessionRef>) -> Res<IsolatedSession> {
+        let iso = self.isolation()?;
+        let s = iso.get(&req.into_inner().id)?;
+        Ok(Response::new(iso.describe(&s)))
+    }
+
+    async fn list_isolated_sessions(&self, _: Request<Empty>) -> Res<IsolatedSessionList> {
+        Ok(Response::new(IsolatedSessionList { sessions: self.isolation()?.list() }))
+    }
+
+    async fn delete_isolated_session(&self, req: Request<IsolatedSessionRef>) -> Res<Empty> {
+        self.isolation()?.delete(&req.into_inner().id).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    type RunIsolatedStream = Stream<ExecEvent>;
+    async fn run_isolated(&self, req: Request<IsolatedRunRequest>) -> Res<Self::RunIsolatedStream> {
+        let r = req.into_inner();
+        let s = self.isolation()?.get(&r.session_id)?;
+        // Refused before the stream starts: a dead session, no code, a bad variable name.
+        s.check_active()?;
+        crate::isolated::session::check_run(&r)?;
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            let err_tx = tx.clone();
+            let envs = r.envs.into_iter().collect();
+            if let Err(e) = s.run(&r.code, &envs, r.timeout_ms, tx).await {
+                let _ = err_tx.send(Err(e.into())).await;
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn start_isolated_run(&self, req: Request<IsolatedRunRequest>) -> Res<IsolatedRun> {
+        let r = req.into_inner();
+        let s = self.isolation()?.get(&r.session_id)?;
+        crate::isolated::session::check_run(&r)?;
+        let envs = r.envs.into_iter().collect();
+        Ok(Response::new(s.start_run(&r.code, &envs).await?))
+    }
+
+    async fn get_isolated_run(&self, req: Request<IsolatedRunRef>) -> Res<IsolatedRun> {
+        let r = req.into_inner();
+        let s = self.isolation()?.get(&r.session_id)?;
+        let run = s.run_by_id(&r.run_id)?;
+        Ok(Response::new(s.describe_run(&run)))
+    }
+
+    async fn isolated_run_logs(&self, req: Request<IsolatedRunLogsRequest>) -> Res<IsolatedRunLogsReply> {
+        let r = req.into_inner();
+        let run = self.isolation()?.get(&r.session_id)?.run_by_id(&r.run_id)?;
+        let (data, cursor) = run.logs(r.cursor);
+        Ok(Response::new(IsolatedRunLogsReply { data, cursor }))
     }
 }

@@ -11,11 +11,13 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 
-struct Shell {
-    pid: i32,
-    stdin: pipe::Sender,
-    stdout: BufReader<pipe::Receiver>,
-    stderr: BufReader<pipe::Receiver>,
+/// A persistent shell reading scripts on its stdin. `pid` leads its
+/// process group (what a timeout kills).
+pub(crate) struct Shell {
+    pub(crate) pid: i32,
+    pub(crate) stdin: pipe::Sender,
+    pub(crate) stdout: BufReader<pipe::Receiver>,
+    pub(crate) stderr: BufReader<pipe::Receiver>,
 }
 
 pub struct Session {
@@ -144,53 +146,70 @@ impl Sessions {
             session.pgid.store(sh.pid, std::sync::atomic::Ordering::SeqCst);
             *guard = Some(sh);
         }
-        let shell = guard.as_mut().expect("set above");
-        let started = Instant::now();
-        let marker = format!("__PVISOR_SESSION_{}__", new_id());
         let cd = if cwd.is_empty() { String::new() } else { crate::workdir::session_cd(cwd) };
-        let script = format!(
-            "{cd}{{\n{command}\n}} </dev/null\nprintf '%s%d\\n' '{marker}' \"$?\"\nprintf '%s\\n' '{marker}' >&2\n"
-        );
-        let _ = tx.send(Ok(event(exec_event::Kind::Init(new_id())))).await;
-        if let Err(e) = shell.stdin.write_all(script.as_bytes()).await {
-            *guard = None;
-            return Err(AgentError::io("session shell", e));
-        }
-        let Shell { stdout, stderr, pid, .. } = shell;
-        let work = futures::future::join(
-            read_until_marker(stdout, &marker, &tx, exec_event::Kind::Stdout),
-            read_until_marker(stderr, &marker, &tx, exec_event::Kind::Stderr),
-        );
-        let limit = if timeout_ms > 0 { Duration::from_millis(timeout_ms) } else { Duration::MAX };
-        let run = async {
-            tokio::select! {
-                r = tokio::time::timeout(limit, work) => Some(r),
-                // The client went away: the command dies with its stream.
-                _ = tx.closed() => None,
-            }
-        };
-        let outcome = match run.await {
-            Some(r) => r,
-            None => {
-                kill_group_bg(*pid);
-                *guard = None;
-                return Ok(());
-            }
-        };
-        let timed_out = outcome.is_err();
-        let (code, error, dead) = match outcome {
-            Ok((Some(code), Some(_))) => (code.parse().unwrap_or(-1), String::new(), false),
-            Ok(_) => (-1, "session shell exited".to_string(), true),
-            Err(_) => {
-                kill_group_bg(*pid);
-                (137, format!("command timed out after {timeout_ms} ms"), true)
-            }
-        };
-        if dead {
-            *guard = None;
-        }
-        let status = ExitStatus { code, error, elapsed_ms: started.elapsed().as_millis() as u64, timed_out };
-        let _ = tx.send(Ok(event(exec_event::Kind::Exit(status)))).await;
-        Ok(())
+        drive(&mut guard, &cd, command, timeout_ms, tx, &kill_group_bg).await
     }
+}
+
+/// Runs `command` (after `prelude`) in the shell of `guard`, streaming like a
+/// foreground command: Init, its output lines, Exit. A run that times out or
+/// whose client goes away has its shell's process group killed (`kill`,
+/// fire and forget) and leaves `guard` empty, as does a shell that died:
+/// the next run starts a fresh shell.
+pub(crate) async fn drive(
+    guard: &mut Option<Shell>,
+    prelude: &str,
+    command: &str,
+    timeout_ms: u64,
+    tx: EventTx,
+    kill: &(dyn Fn(i32) + Send + Sync),
+) -> Result<()> {
+    let shell = guard.as_mut().expect("the caller starts the shell");
+    let started = Instant::now();
+    let marker = format!("__PVISOR_SESSION_{}__", new_id());
+    let script = format!(
+        "{prelude}{{\n{command}\n}} </dev/null\nprintf '%s%d\\n' '{marker}' \"$?\"\nprintf '%s\\n' '{marker}' >&2\n"
+    );
+    let _ = tx.send(Ok(event(exec_event::Kind::Init(new_id())))).await;
+    if let Err(e) = shell.stdin.write_all(script.as_bytes()).await {
+        *guard = None;
+        return Err(AgentError::io("session shell", e));
+    }
+    let Shell { stdout, stderr, pid, .. } = shell;
+    let pid = *pid;
+    let work = futures::future::join(
+        read_until_marker(stdout, &marker, &tx, exec_event::Kind::Stdout),
+        read_until_marker(stderr, &marker, &tx, exec_event::Kind::Stderr),
+    );
+    let limit = if timeout_ms > 0 { Duration::from_millis(timeout_ms) } else { Duration::MAX };
+    let run = async {
+        tokio::select! {
+            r = tokio::time::timeout(limit, work) => Some(r),
+            // The client went away: the command dies with its stream.
+            _ = tx.closed() => None,
+        }
+    };
+    let outcome = match run.await {
+        Some(r) => r,
+        None => {
+            kill(pid);
+            *guard = None;
+            return Ok(());
+        }
+    };
+    let timed_out = outcome.is_err();
+    let (code, error, dead) = match outcome {
+        Ok((Some(code), Some(_))) => (code.parse().unwrap_or(-1), String::new(), false),
+        Ok(_) => (-1, "session shell exited".to_string(), true),
+        Err(_) => {
+            kill(pid);
+            (137, format!("command timed out after {timeout_ms} ms"), true)
+        }
+    };
+    if dead {
+        *guard = None;
+    }
+    let status = ExitStatus { code, error, elapsed_ms: started.elapsed().as_millis() as u64, timed_out };
+    let _ = tx.send(Ok(event(exec_event::Kind::Exit(status)))).await;
+    Ok(())
 }

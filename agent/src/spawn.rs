@@ -49,7 +49,7 @@ pub struct Spawned {
 }
 
 /// Identity a command runs as: request uid/gid, else the image's user, else root.
-fn identity(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Option<(u32, u32)>> {
+pub(crate) fn identity(spec: &SpawnSpec, cfg: &AgentConfig) -> Result<Option<(u32, u32)>> {
     if let Some(uid) = spec.uid {
         let gid = spec.gid.or_else(|| passwd::user_by_uid(uid).map(|u| u.gid)).unwrap_or(uid);
         return Ok(Some((uid, gid)));
@@ -89,7 +89,7 @@ pub fn find_program(cfg: &AgentConfig, program: &str) -> Option<std::path::PathB
 
 /// The environment: image env, then HOME/USER of the identity and
 /// `EXECD_ENVS`, then the env file's entries ([`envfile`]), then request envs.
-fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> BTreeMap<String, String> {
+pub(crate) fn environment(spec: &SpawnSpec, cfg: &AgentConfig, id: Option<(u32, u32)>) -> BTreeMap<String, String> {
     let mut env = image_env(cfg);
     let uid = id.map(|(u, _)| u).unwrap_or(0);
     if let Some(u) = passwd::user_by_uid(uid) {

@@ -5,7 +5,8 @@
 //! 2. wait for the two disks, mount the image's erofs view read-only at
 //!    /mnt/lower and the scratch ext4 at /mnt/scratch (upper/, work/ on it);
 //! 3. overlay of both at /newroot, then /proc, /sys, /dev, /dev/pts,
-//!    /dev/shm, /tmp inside it ([`mounts::sandbox_dirs`]);
+//!    /dev/shm, /tmp inside it ([`mounts::sandbox_dirs`]), with the scratch
+//!    disk's `isolated/` (isolated sessions' persistent uppers) bound under `/dev`;
 //! 4. switch root the way `switch_root` does (an initramfs cannot be
 //!    pivot_root'ed): chdir, move the new root onto `/`, chroot;
 //! 5. hostname, `/etc/hostname` and `/etc/hosts` (as the ns backend writes
@@ -55,7 +56,9 @@ pub fn early() -> Result<(), GuestError> {
 }
 
 /// Boots from the initramfs into the sandbox's root (see the module docs).
-pub fn boot(cfg: &GuestCmdline) -> Result<(), GuestError> {
+/// Returns `isolated/` on the scratch disk (O_PATH), for isolated sessions'
+/// persistent uppers; the isolator keeps it, nothing in the sandbox sees it.
+pub fn boot(cfg: &GuestCmdline) -> Result<std::os::fd::OwnedFd, GuestError> {
     early()?;
     let (lower, scratch, newroot) = (Path::new(LOWER), Path::new(SCRATCH), Path::new(NEWROOT));
     let root_dev = path_str(&cfg.root)?;
@@ -70,13 +73,23 @@ pub fn boot(cfg: &GuestCmdline) -> Result<(), GuestError> {
     let (upper, work) = (scratch.join("upper"), scratch.join("work"));
     mkdir(&upper)?;
     mkdir(&work)?;
+    let isolated = scratch.join("isolated");
+    mkdir(&isolated)?;
+    let uppers = nix::fcntl::open(
+        &isolated,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    // SAFETY: open(2) just returned this fd; nothing else owns it.
+    .map(|fd| unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+    .map_err(|e| GuestError::sys(format!("open {}", isolated.display()), e))?;
     let opts = format!("lowerdir={LOWER},upperdir={},workdir={}", upper.display(), work.display());
     mount_fs("overlay", newroot, "overlay", MsFlags::empty(), Some(&opts))?;
     // The overlay holds its own references to both layers: nothing needs
-    // them mounted in the initramfs any more.
+    // them mounted in the initramfs any more (once `isolated/` is bound).
     detach(lower)?;
+    sandbox_dirs(newroot, Some(&isolated))?;
     detach(scratch)?;
-    sandbox_dirs(newroot)?;
     for d in ["/proc", "/sys", "/dev"] {
         detach(Path::new(d))?;
     }
@@ -87,7 +100,7 @@ pub fn boot(cfg: &GuestCmdline) -> Result<(), GuestError> {
         net::configure_eth0()?;
     }
     write_etc(&cfg.hostname, cfg.net);
-    Ok(())
+    Ok(uppers)
 }
 
 /// Moves `newroot` onto `/` and makes it the root of this process.

@@ -44,19 +44,58 @@ fn is_agent_invocation(mut args: impl Iterator<Item = std::ffi::OsString>) -> bo
     args.any(|a| a.as_encoded_bytes().starts_with(b"--"))
 }
 
+/// What [`init`] leaves the agent.
+pub struct Guest {
+    pub cfg: GuestCmdline,
+    /// The agent's bound vsock socket, which the caller serves on
+    /// (`vsock::VsockListener::from_bound`, host connections only).
+    pub listener: std::os::fd::OwnedFd,
+    /// The agent's end of its isolator's socket (None if it could not start).
+    pub isolator: Option<std::os::fd::OwnedFd>,
+}
+
+/// Forks the isolator (isolated sessions) while this process still has every
+/// privilege and no thread: it keeps what building namespaces takes, the
+/// agent drops it. `uppers` is the scratch disk's `isolated/`.
+fn start_isolator(uppers: std::os::fd::OwnedFd, listener: &std::os::fd::OwnedFd) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let (ours, theirs) = match crate::isolated::wire::pair() {
+        Ok(p) => p,
+        Err(e) => {
+            console::line(&format!("warning: no isolator (socketpair: {e}); isolated sessions unavailable"));
+            return None;
+        }
+    };
+    // SAFETY: no thread exists yet (the refresh thread starts after this), so
+    // the child is a consistent copy; it runs the isolator and never returns.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(ours);
+            // The agent's vsock listener is not the isolator's.
+            let _ = nix::unistd::close(listener.as_raw_fd());
+            crate::isolated::isolator::main(theirs, Some(uppers))
+        }
+        Ok(nix::unistd::ForkResult::Parent { .. }) => Some(ours),
+        Err(e) => {
+            console::line(&format!("warning: no isolator (fork: {e}); isolated sessions unavailable"));
+            None
+        }
+    }
+}
+
 /// The guest's start, before any thread exists: early mounts, the command
-/// line, [`boot`]. On failure it reports on the console and powers off; with
-/// `pvisor.selftest=1` it runs [`run_selftest`] and powers off. Otherwise it
-/// returns the command line and the agent's bound vsock socket, which the
-/// caller serves on (`vsock::VsockListener::from_bound`, host connections only).
-pub fn init() -> (GuestCmdline, std::os::fd::OwnedFd) {
+/// line, [`boot`], the isolator. On failure it reports on the console and
+/// powers off; with `pvisor.selftest=1` it runs [`run_selftest`] and powers
+/// off. Otherwise it returns what the agent serves with ([`Guest`]).
+pub fn init() -> Guest {
     let cfg = match boot::early().and_then(|()| GuestCmdline::from_proc()) {
         Ok(cfg) => cfg,
         Err(e) => power::fatal(&e),
     };
-    if let Err(e) = boot(&cfg) {
-        power::fatal(&e);
-    }
+    let uppers = match boot(&cfg) {
+        Ok(fd) => fd,
+        Err(e) => power::fatal(&e),
+    };
     console::line(&format!("sandbox root ready (hostname {}, vsock port {})", cfg.hostname, cfg.port));
     if cfg.selftest {
         run_selftest(&cfg);
@@ -67,6 +106,7 @@ pub fn init() -> (GuestCmdline, std::os::fd::OwnedFd) {
         Ok(fd) => fd,
         Err(e) => power::fatal(&GuestError::io(format!("bind vsock port {}", cfg.port), e)),
     };
+    let isolator = start_isolator(uppers, &listener);
     // The one thread that keeps the privileges to step the clock, reseed the
     // random generator and set the hostname (Agent.Refresh).
     if let Err(e) = refresh::start() {
@@ -85,7 +125,7 @@ pub fn init() -> (GuestCmdline, std::os::fd::OwnedFd) {
         Ok(()) => {}
         Err(e) => power::fatal(&GuestError::Harden(format!("seccomp: {e}"))),
     }
-    (cfg, listener)
+    Guest { cfg, listener, isolator }
 }
 
 #[cfg(test)]

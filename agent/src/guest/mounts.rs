@@ -90,7 +90,9 @@ pub fn initramfs_dirs() -> Result<(), GuestError> {
 
 /// Fills the new root `r` before the switch: /proc, /sys (read-only) with
 /// cgroup2 when the kernel has it, /dev, /dev/pts, /dev/shm, /tmp.
-pub fn sandbox_dirs(r: &Path) -> Result<(), GuestError> {
+/// `under_dev`: a directory bound at `/dev` before `/dev`'s tmpfs covers it
+/// (isolated sessions' persistent uppers: see `crate::isolated::layout`).
+pub fn sandbox_dirs(r: &Path, under_dev: Option<&Path>) -> Result<(), GuestError> {
     let nsd = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     let nsde = nsd | MsFlags::MS_NOEXEC;
 
@@ -110,6 +112,10 @@ pub fn sandbox_dirs(r: &Path) -> Result<(), GuestError> {
 
     let dev = r.join("dev");
     mountpoint(&dev)?;
+    if let Some(d) = under_dev {
+        mount(Some(d), &dev, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(|e| GuestError::sys(format!("bind {} at /dev", d.display()), e))?;
+    }
     mount_fs("tmpfs", &dev, "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=1024k"))?;
     for (name, major, minor) in DEVICES {
         let node = dev.join(name);
