@@ -15,6 +15,8 @@ use std::path::PathBuf;
 
 /// The agent's fd number for its control connection.
 pub const AGENT_FD: RawFd = 3;
+/// The agent's fd number for its end of the isolator's socket.
+pub const ISOLATOR_FD: RawFd = 4;
 
 pub struct InitArgs {
     pub go: OwnedFd,
@@ -24,6 +26,9 @@ pub struct InitArgs {
     pub lower: PathBuf,
     pub upper: PathBuf,
     pub work: PathBuf,
+    /// Beside them on the sandbox's own disk: where isolated sessions'
+    /// persistent uppers go (the isolator's; none without a disk).
+    pub isolated: Option<PathBuf>,
     /// See `NsConfig.tmp_on_root`.
     pub tmp_on_root: bool,
     pub hostname: String,
@@ -80,6 +85,7 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
             .map_err(|e| format!("open {}: {e}", p.display()))
     };
     let layers = [open_dir(&a.lower)?, open_dir(&a.upper)?, open_dir(&a.work)?];
+    let isolated = a.isolated.as_ref().map(open_dir).transpose()?;
     let proc_fds = a
         .proc_files
         .iter()
@@ -125,6 +131,7 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
     let fd_path = |fd: &OwnedFd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
     let (lower, upper, work) = (fd_path(&layers[0]), fd_path(&layers[1]), fd_path(&layers[2]));
     let proc_files: Vec<_> = proc_fds.iter().map(|(fd, name)| (fd_path(fd), *name)).collect();
+    let isolated_path = isolated.as_ref().map(fd_path);
     mounts::setup(&RootfsSpec {
         lower: &lower,
         upper: &upper,
@@ -134,25 +141,82 @@ fn run(a: &InitArgs) -> Result<std::convert::Infallible, String> {
         tmp_size: a.tmp_size,
         shm_size: a.shm_size,
         proc_files: &proc_files,
+        under_dev: isolated_path.as_deref(),
     })?;
     super::etc::write(&super::etc::EtcFiles { hostname: &a.hostname, net: a.link_sock.is_some() })?;
     sethostname(&a.hostname).map_err(|e| format!("sethostname: {e}"))?;
     pvisor_net::iface::loopback_up().map_err(|e| format!("loopback: {e}"))?;
-    nix::unistd::dup2(a.agent_sock.as_raw_fd(), AGENT_FD).map_err(|e| format!("dup2: {e}"))?;
-    // Nothing but fds 0-3 crosses into the sandbox (the agent's own exe fd is
-    // still needed by fexecve, so mark rather than close).
-    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our fds.
-    if unsafe { libc::syscall(libc::SYS_close_range, AGENT_FD + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } != 0 {
-        return Err(format!("close_range: {}", std::io::Error::last_os_error()));
-    }
     // Last before the privilege drop: the flag survives the exec below and
     // every fork after it, so each process of the sandbox is mergeable.
     if a.memory_merge {
         crate::ksm::merge_this_process().map_err(|e| format!("prctl(PR_SET_MEMORY_MERGE): {e}"))?;
     }
+    // The isolator keeps what building isolated sessions takes; a sandbox
+    // without one only lacks those (its agent says so).
+    let isolator = match start_isolator(a, isolated) {
+        Ok(fd) => Some(above(&fd)?),
+        Err(e) => {
+            eprintln!("pvisor sandbox init: no isolator: {e}");
+            None
+        }
+    };
+    nix::unistd::dup2(a.agent_sock.as_raw_fd(), AGENT_FD).map_err(|e| format!("dup2: {e}"))?;
+    let mut argv = a.argv.clone();
+    if let Some(fd) = &isolator {
+        nix::unistd::dup2(fd.as_raw_fd(), ISOLATOR_FD).map_err(|e| format!("dup2: {e}"))?;
+        argv.extend([CString::from(c"--isolator-fd"), CString::new(ISOLATOR_FD.to_string()).expect("digits")]);
+    }
+    // Nothing but fds 0-4 crosses into the sandbox (the agent's own exe fd is
+    // still needed by fexecve, so mark rather than close).
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our fds.
+    if unsafe { libc::syscall(libc::SYS_close_range, ISOLATOR_FD + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } != 0 {
+        return Err(format!("close_range: {}", std::io::Error::last_os_error()));
+    }
     pvisor_seccomp::privileges::drop_to_sandbox_caps()?;
     let filter = pvisor_seccomp::sandbox_filter().map_err(|e| format!("seccomp: {e}"))?;
     pvisor_seccomp::apply_to_thread(&filter).map_err(|e| format!("seccomp: {e}"))?;
-    nix::unistd::fexecve(a.agent_exe.as_raw_fd(), &a.argv, &a.env).map_err(|e| format!("exec agent: {e}"))?;
+    nix::unistd::fexecve(a.agent_exe.as_raw_fd(), &argv, &a.env).map_err(|e| format!("exec agent: {e}"))?;
     unreachable!("fexecve returned without error")
+}
+
+/// A copy of `fd` numbered above the fds the init hands over (close-on-exec).
+fn above(fd: &OwnedFd) -> Result<OwnedFd, String> {
+    let high = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(16))
+        .map_err(|e| format!("dup: {e}"))?;
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) just returned this fd; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
+/// Forks the sandbox's isolator (`pvisor-agent --isolator 3 [--uppers 4]`)
+/// while the init still holds every privilege of the sandbox's user
+/// namespace; returns the agent's end of its socket. The isolator drops what
+/// it does not need itself (see the agent's `isolated::isolator`).
+fn start_isolator(a: &InitArgs, uppers: Option<OwnedFd>) -> Result<OwnedFd, String> {
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+    let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+        .map_err(|e| format!("socketpair: {e}"))?;
+    let mut argv = vec![c"pvisor-agent", c"--isolator", c"3"];
+    if uppers.is_some() {
+        argv.extend([c"--uppers", c"4"]);
+    }
+    let argv: Vec<CString> = argv.into_iter().map(CString::from).collect();
+    let sock = above(&theirs)?;
+    let uppers = uppers.as_ref().map(above).transpose()?;
+    let first_closed: u32 = if uppers.is_some() { 5 } else { 4 };
+    // SAFETY: the init is single-threaded; the child only makes the dup2,
+    // close_range and fexecve calls below on fds it owns, then _exits.
+    match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
+        nix::unistd::ForkResult::Child => {
+            let ok = nix::unistd::dup2(sock.as_raw_fd(), 3).is_ok()
+                && uppers.as_ref().is_none_or(|u| nix::unistd::dup2(u.as_raw_fd(), 4).is_ok())
+                // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our fds.
+                && unsafe { libc::syscall(libc::SYS_close_range, first_closed, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } == 0;
+            if ok {
+                let _ = nix::unistd::fexecve(a.agent_exe.as_raw_fd(), &argv, &a.env);
+            }
+            // SAFETY: _exit ends the failed child without running the init's destructors.
+            unsafe { libc::_exit(1) }
+        }
+        nix::unistd::ForkResult::Parent { .. } => Ok(ours),
+    }
 }

@@ -26,6 +26,11 @@ pub struct RootfsSpec<'a> {
     /// Files bind-mounted read-only over `/proc` entries (super::procfs):
     /// (a path to the opened file, entry name).
     pub proc_files: &'a [(std::path::PathBuf, &'static str)],
+    /// Isolated sessions' persistent uppers: bound at `/dev` under `/dev`'s
+    /// tmpfs, where no sandbox process reaches it but a session's init, in
+    /// its copy of the mount namespace, can uncover it (an overlay takes an
+    /// upper only from a mount of its own namespace).
+    pub under_dev: Option<&'a Path>,
 }
 
 /// `/tmp` and `/dev/shm` sizes for a sandbox's limits. A tmpfs holds memory
@@ -89,6 +94,9 @@ pub fn setup(s: &RootfsSpec) -> Result<(), String> {
 
     let dev = r.join("dev");
     mountpoint(&dev)?;
+    if let Some(d) = s.under_dev {
+        m(Some(&d.to_string_lossy()), &dev, None, MsFlags::MS_BIND, None)?;
+    }
     m(Some("tmpfs"), &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=1024k"))?;
     for d in DEVICES {
         let node = dev.join(d);

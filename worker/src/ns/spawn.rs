@@ -105,6 +105,18 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
     for d in [&upper, &work] {
         mkdir_owned(d, &ids)?;
     }
+    // Isolated sessions' persistent uppers, on the sandbox's own disk (its
+    // bound counts them). Only there: the directory is bound (covered) into
+    // the sandbox, and a host file system's would show its host path in
+    // /proc/self/mountinfo; without a disk they live on the sessions' tmpfs.
+    let isolated = match ns.disk_template.is_empty() {
+        true => None,
+        false => {
+            let d = layer_dir.join("isolated");
+            mkdir_owned(&d, &ids)?;
+            Some(d)
+        }
+    };
     let (proc_files, meminfo) = super::procfs::write(state_dir, &common.limits, common.cgroup.clone())?;
     let (tmp_size, shm_size) = super::mounts::tmpfs_sizes(common.limits.memory_bytes, common.limits.disk_bytes);
 
@@ -147,6 +159,7 @@ pub fn start(common: &Common, ns: &NsConfig, net: bool) -> Result<Spawned> {
         lower: ns.image_root.clone().into(),
         upper,
         work,
+        isolated,
         tmp_on_root: ns.tmp_on_root,
         hostname: common.hostname.clone(),
         link_sock: link_theirs,
