@@ -59,6 +59,27 @@ fn connection_lost(s: &tonic::Status) -> bool {
     false
 }
 
+/// The execd error of an isolated-session call the agent named in the
+/// status details (`pvisor.agent.v1.ErrorDetail`).
+fn isolated_error(s: &tonic::Status) -> Option<ApiError> {
+    use prost::Message;
+    use pvisor_proto::agent::{ErrorDetail, ErrorReason};
+    if s.details().is_empty() {
+        return None;
+    }
+    let reason = ErrorDetail::decode(s.details()).ok()?.reason();
+    let msg = s.message().to_string();
+    Some(match reason {
+        ErrorReason::Unspecified => return None,
+        ErrorReason::SessionNotFound => ApiError::new(StatusCode::NOT_FOUND, "SESSION_NOT_FOUND", msg),
+        ErrorReason::RunNotFound => ApiError::new(StatusCode::NOT_FOUND, "RUN_NOT_FOUND", msg),
+        ErrorReason::IsolationUnavailable => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ISOLATION_UNAVAILABLE", msg)
+        }
+        ErrorReason::SessionNotActive => ApiError::new(StatusCode::CONFLICT, "SESSION_NOT_ACTIVE", msg),
+    })
+}
+
 /// Maps an agent or worker gRPC status onto the execd error vocabulary.
 impl From<tonic::Status> for ApiError {
     fn from(s: tonic::Status) -> Self {
@@ -70,6 +91,9 @@ impl From<tonic::Status> for ApiError {
                 "SANDBOX_UNAVAILABLE",
                 format!("connection to the sandbox lost: {msg}"),
             );
+        }
+        if let Some(e) = isolated_error(&s) {
+            return e;
         }
         match s.code() {
             Code::NotFound => Self::new(StatusCode::NOT_FOUND, "FILE_NOT_FOUND", msg),
@@ -110,5 +134,39 @@ mod tests {
         // An agent's own Unknown status (no transport source) stays a runtime error.
         let e = ApiError::from(tonic::Status::unknown("boom"));
         assert_eq!((e.status, e.code), (StatusCode::INTERNAL_SERVER_ERROR, "RUNTIME_ERROR"));
+    }
+
+    #[test]
+    fn isolated_session_errors_keep_their_own_codes() {
+        use prost::Message;
+        use pvisor_proto::agent::{ErrorDetail, ErrorReason};
+        let with = |code: tonic::Code, r: ErrorReason| {
+            let d = ErrorDetail { reason: r as i32 }.encode_to_vec();
+            ApiError::from(tonic::Status::with_details(code, "m", d.into()))
+        };
+        for (code, reason, status, api) in [
+            (tonic::Code::NotFound, ErrorReason::SessionNotFound, StatusCode::NOT_FOUND, "SESSION_NOT_FOUND"),
+            (tonic::Code::NotFound, ErrorReason::RunNotFound, StatusCode::NOT_FOUND, "RUN_NOT_FOUND"),
+            (
+                tonic::Code::Unavailable,
+                ErrorReason::IsolationUnavailable,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ISOLATION_UNAVAILABLE",
+            ),
+            (
+                tonic::Code::FailedPrecondition,
+                ErrorReason::SessionNotActive,
+                StatusCode::CONFLICT,
+                "SESSION_NOT_ACTIVE",
+            ),
+            // No reason: the status code decides, as for every other call.
+            (tonic::Code::NotFound, ErrorReason::Unspecified, StatusCode::NOT_FOUND, "FILE_NOT_FOUND"),
+        ] {
+            let e = with(code, reason);
+            assert_eq!((e.status, e.code, e.message.as_str()), (status, api, "m"), "{reason:?}");
+        }
+        // Details that are not an ErrorDetail are ignored.
+        let e = ApiError::from(tonic::Status::with_details(tonic::Code::NotFound, "m", vec![0xff, 0xff].into()));
+        assert_eq!(e.code, "FILE_NOT_FOUND");
     }
 }

@@ -66,7 +66,7 @@ pub async fn run(Extension(sb): Sandbox, body: Bytes) -> ApiResult<Response> {
     Ok(sse::response(sse::exec_stream(stream, background)))
 }
 
-fn rfc3339_ms(ms: i64) -> Option<String> {
+pub(crate) fn rfc3339_ms(ms: i64) -> Option<String> {
     Utc.timestamp_millis_opt(ms).single().map(|t| crate::sandbox::record::rfc3339(&t))
 }
 

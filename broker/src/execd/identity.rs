@@ -14,6 +14,8 @@ use tonic::metadata::MetadataValue;
 
 /// The metadata key the agent reads (`pvisor_agent::identity::METADATA_KEY`).
 const METADATA_KEY: &str = "x-pvisor-identity";
+/// The metadata key naming an isolated session (`pvisor_agent::identity::SESSION_KEY`).
+const SESSION_KEY: &str = "x-pvisor-isolated-session";
 
 /// The identity of a `/v1/filesystem/{uid}/{gid}` request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,16 +24,34 @@ pub struct Identity {
     pub gid: u32,
 }
 
-/// A file handler's identity: none on the plain routes.
-pub type Who = Option<Extension<Identity>>;
+/// Where a file route runs, when not as the agent in the sandbox's root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileScope {
+    /// `/v1/filesystem/{uid}/{gid}/...`: as that identity.
+    As(Identity),
+    /// `/v1/isolated/session/{id}/...`: inside that isolated session's root,
+    /// as its identity (the agent knows both).
+    Isolated(String),
+}
 
-/// A request to the agent, carrying the identity when there is one.
+/// A file handler's scope: none on the plain routes.
+pub type Who = Option<Extension<FileScope>>;
+
+/// A request to the agent, carrying the scope when there is one.
 pub fn request<T>(msg: T, who: &Who) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
-    if let Some(Extension(id)) = who {
-        // Digits and a colon: always a valid metadata value.
-        if let Ok(v) = MetadataValue::try_from(format!("{}:{}", id.uid, id.gid)) {
-            r.metadata_mut().insert(METADATA_KEY, v);
+    match who {
+        None => {}
+        Some(Extension(FileScope::As(id))) => {
+            // Digits and a colon: always a valid metadata value.
+            if let Ok(v) = MetadataValue::try_from(format!("{}:{}", id.uid, id.gid)) {
+                r.metadata_mut().insert(METADATA_KEY, v);
+            }
+        }
+        Some(Extension(FileScope::Isolated(sid))) => {
+            // Not a valid metadata value (not visible ASCII): no session has that id.
+            let v = MetadataValue::try_from(sid.as_str()).unwrap_or_else(|_| MetadataValue::from_static("-"));
+            r.metadata_mut().insert(SESSION_KEY, v);
         }
     }
     r
@@ -50,7 +70,7 @@ async fn with_identity(Path(p): Path<HashMap<String, String>>, mut req: Request,
         (Ok(uid), Ok(gid)) => Identity { uid, gid },
         (Err(e), _) | (_, Err(e)) => return e.into_response(),
     };
-    req.extensions_mut().insert(id);
+    req.extensions_mut().insert(FileScope::As(id));
     next.run(req).await
 }
 
@@ -73,9 +93,15 @@ mod tests {
     }
 
     #[test]
-    fn requests_carry_the_identity_only_when_given() {
-        let r = request((), &Some(Extension(Identity { uid: 1000, gid: 100 })));
+    fn requests_carry_the_scope_only_when_given() {
+        let r = request((), &Some(Extension(FileScope::As(Identity { uid: 1000, gid: 100 }))));
         assert_eq!(r.metadata().get(METADATA_KEY).unwrap(), "1000:100");
+        assert!(r.metadata().get(SESSION_KEY).is_none());
         assert!(request((), &None).metadata().get(METADATA_KEY).is_none());
+        let r = request((), &Some(Extension(FileScope::Isolated("0b6e4a70-3c9c".into()))));
+        assert_eq!(r.metadata().get(SESSION_KEY).unwrap(), "0b6e4a70-3c9c");
+        assert!(r.metadata().get(METADATA_KEY).is_none());
+        let r = request((), &Some(Extension(FileScope::Isolated("bad\nid".into()))));
+        assert_eq!(r.metadata().get(SESSION_KEY).unwrap(), "-");
     }
 }

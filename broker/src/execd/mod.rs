@@ -85,7 +85,7 @@ fn execd_router() -> Router {
         .route("/session/{sid}", delete(session::delete))
         .merge(file_routes())
         .merge(identity::routes(file_routes()))
-        .merge(isolated::routes())
+        .merge(isolated::routes(file_routes()))
         .route("/metrics", get(metrics::get))
         .route("/metrics/watch", get(metrics::watch))
         .route("/code", post(code::run).delete(code::interrupt))

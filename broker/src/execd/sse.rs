@@ -57,12 +57,34 @@ pub fn convert(ev: &ExecEvent) -> Option<(Value, bool)> {
 /// Turns an agent event stream into SSE frames. A background command ends
 /// right after its init event with `execution_complete`.
 pub fn exec_stream(
+    s: tonic::Streaming<ExecEvent>,
+    background: bool,
+) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    frames(None, s, background)
+}
+
+/// [`exec_stream`] of a foreground stream whose first message the caller
+/// already read (to answer an early refusal with an HTTP error).
+pub fn exec_stream_after(
+    first: Option<ExecEvent>,
+    s: tonic::Streaming<ExecEvent>,
+) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    frames(Some(first), s, false)
+}
+
+fn frames(
+    first: Option<Option<ExecEvent>>,
     mut s: tonic::Streaming<ExecEvent>,
     background: bool,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
     async_stream::stream! {
+        let mut first = first;
         loop {
-            match s.message().await {
+            let next = match first.take() {
+                Some(m) => Ok(m),
+                None => s.message().await,
+            };
+            match next {
                 Ok(Some(ev)) => {
                     let Some((v, done)) = convert(&ev) else { continue };
                     let is_init = matches!(ev.kind, Some(exec_event::Kind::Init(_)));
