@@ -1,5 +1,5 @@
-"""The rest of the OpenSandbox surface: X-Request-ID, diagnostics, the identity file API,
-isolated sessions (not available) and template routes the SDK does not call."""
+"""The rest of the OpenSandbox surface: X-Request-ID, diagnostics, the identity file API
+and template routes the SDK does not call."""
 
 from __future__ import annotations
 
@@ -166,17 +166,8 @@ def test_identity_routes_check_ids(bb):
         assert_error_json(r, 400)
 
 
-# ------------------------------------------------------------------- isolated sessions, templates
-
-
-def test_isolated_sessions_are_not_available(bb):
-    assert bb.isolation.capabilities().available is False
-    base, headers = dataplane(bb)
-    with httpx.Client(base_url=base, headers=headers, timeout=30) as c:
-        for method, path in (("POST", "/v1/isolated/session"), ("GET", "/v1/isolated/sessions"),
-                             ("POST", "/v1/isolated/session/abc/run"), ("GET", "/v1/isolated/session/abc")):
-            body = assert_error_json(c.request(method, path, json={}), 503)
-            assert "isolated" in body["message"]
+# ------------------------------------------------------------------- templates
+# (isolated sessions: test_isolated_sessions.py)
 
 
 @pytest.mark.parametrize("method,path,status", [
