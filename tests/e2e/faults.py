@@ -98,8 +98,16 @@ def full_leaks(srv, fd_baseline: int | None = None) -> list[str]:
         used = {memory_group_of(p) for p in workers | servers}
         if nested - used:
             out.append(f"delegated cgroups without a process: {nested - used}")
-    # A sandbox init (its output goes to the run dir too) whose worker is gone.
-    orphans = {a for a in ours(srv, "pvisor-agent") if _ppid(a) not in workers}
+    # A sandbox init (its output goes to the run dir too) whose worker is gone. The
+    # init's own agent children (its isolated sessions' isolator) belong to its worker.
+    agents = ours(srv, "pvisor-agent")
+
+    def worker_of(pid: int) -> int:
+        while pid in agents:
+            pid = _ppid(pid)
+        return pid
+
+    orphans = {a for a in agents if worker_of(a) not in workers}
     if orphans:
         out.append(f"sandbox inits of no worker: {orphans}")
     if fd_baseline is not None:
