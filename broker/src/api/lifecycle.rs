@@ -578,14 +578,8 @@ pub async fn list(State(ctx): State<Arc<Ctx>>, RawQuery(raw): RawQuery) -> ApiRe
         .filter(|v| states.is_empty() || states.contains(&v.status.state.to_ascii_lowercase()))
         .filter(|v| meta.iter().all(|(k, val)| v.metadata.get(k) == Some(val)))
         .collect();
-    let total = items.len() as u64;
-    let total_pages = total.div_ceil(page_size);
-    let items: Vec<SandboxView> =
-        items.into_iter().skip(((page - 1) * page_size) as usize).take(page_size as usize).collect();
-    Ok(Json(ListSandboxesResponse {
-        items,
-        pagination: Pagination { page, page_size, total_items: total, total_pages, has_next_page: page < total_pages },
-    }))
+    let (items, pagination) = Pagination::page_of(items, page, page_size, |v| v);
+    Ok(Json(ListSandboxesResponse { items, pagination }))
 }
 
 #[utoipa::path(delete, path = "/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "sandbox id")),

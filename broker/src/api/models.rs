@@ -167,6 +167,18 @@ pub struct Pagination {
     pub has_next_page: bool,
 }
 
+impl Pagination {
+    /// Page `page` (from 1) of `page_size` of `items` (all that match a list's
+    /// filters), each shown by `show`, and the pagination that describes it.
+    pub fn page_of<T, V>(items: Vec<T>, page: u64, page_size: u64, show: impl Fn(T) -> V) -> (Vec<V>, Pagination) {
+        let total_items = items.len() as u64;
+        let total_pages = total_items.div_ceil(page_size);
+        let start = usize::try_from((page - 1).saturating_mul(page_size)).unwrap_or(usize::MAX);
+        let shown = items.into_iter().skip(start).take(page_size as usize).map(show).collect();
+        (shown, Pagination { page, page_size, total_items, total_pages, has_next_page: page < total_pages })
+    }
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ListSandboxesResponse {
     pub items: Vec<SandboxView>,
@@ -189,4 +201,21 @@ pub struct RenewResponse {
 pub struct EndpointView {
     pub endpoint: String,
     pub headers: BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pagination;
+
+    #[test]
+    fn a_page_of_a_list_and_what_follows_it() {
+        let (items, p) = Pagination::page_of(vec![1, 2, 3, 4, 5], 2, 2, |x| x * 10);
+        assert_eq!(items, vec![30, 40]);
+        assert_eq!((p.total_items, p.total_pages, p.has_next_page), (5, 3, true));
+        let (items, p) = Pagination::page_of(vec![1, 2, 3, 4, 5], 3, 2, |x| x);
+        assert_eq!((items, p.has_next_page), (vec![5], false));
+        let (items, p) = Pagination::page_of(Vec::<u8>::new(), 7, 50, |x| x);
+        assert!(items.is_empty());
+        assert_eq!((p.total_pages, p.has_next_page), (0, false));
+    }
 }

@@ -231,13 +231,8 @@ pub async fn list(State(ctx): State<Arc<Ctx>>, RawQuery(raw): RawQuery) -> ApiRe
         .into_iter()
         .filter(|r| meta.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
         .collect();
-    let total = items.len() as u64;
-    let total_pages = total.div_ceil(page_size);
-    let items = items.iter().skip(((page - 1) * page_size) as usize).take(page_size as usize).map(view).collect();
-    Ok(Json(ListTemplatesResponse {
-        items,
-        pagination: Pagination { page, page_size, total_items: total, total_pages, has_next_page: page < total_pages },
-    }))
+    let (items, pagination) = Pagination::page_of(items, page, page_size, |r| view(&r));
+    Ok(Json(ListTemplatesResponse { items, pagination }))
 }
 
 /// `GET /v1/templates/{templateId}`.
