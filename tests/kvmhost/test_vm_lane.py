@@ -58,6 +58,15 @@ LANE = [
     # snapshots (memory file mapped copy-on-write) and templates
     "tests/e2e/test_vm_snapshots.py",
     "tests/e2e/test_vm_templates.py",
+    # API templates: warm sandboxes are booted guests, then clones of the vm template
+    "tests/e2e/test_templates.py::test_vm_warm_sandboxes_are_booted_guests_then_clones_of_the_vm_template",
+    # lifecycle hooks run by the guest's agent
+    "tests/e2e/test_lifecycle_hooks.py::test_pre_start_runs_before_the_entrypoint_and_the_first_command_sees_it",
+    "tests/e2e/test_lifecycle_hooks.py::test_periodic_hooks_run_repeatedly",
+    # isolated sessions: the guest's isolator builds them
+    "tests/e2e/test_isolated_sessions.py::test_a_session_sees_only_its_own_processes",
+    "tests/e2e/test_isolated_sessions.py::test_an_overlay_workspace_is_copy_on_write",
+    "tests/e2e/test_isolated_sessions.py::test_delete_leaves_no_process_or_mount",
     # memory merging of guest RAM: not here yet (test_identical_guest_memory_of_four_vm_sandboxes_merges
     # passed 1 of its last 2 runs in the test host: in the other a VM ended mid-test, 409
     # SANDBOX_NOT_RUNNING; scripts/vm-suite.sh runs it); the VMM's mergeable RAM runs in the
