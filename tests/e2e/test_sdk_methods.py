@@ -1088,10 +1088,7 @@ def _(c):
     assert c.vsh(f"cat {d}/r") == "cow dog cow"
 
 
-@works("FilesystemSync.replace_contents_detailed", bug_in={"isolated": (
-    "POST /v1/isolated/session/{id}/files/replace answers 200 with an empty body (the plain route's answer "
-    "without `?verbose=true`); the SDK sends no `verbose` there and parses the body as the per-file "
-    "`{path: {replacedCount}}` map: InvalidArgumentException `Expecting value: line 1 column 1 (char 0)`")})
+@works("FilesystemSync.replace_contents_detailed")
 def _(c):
     """The count per file, and the content replaced."""
     d = c.vdir()

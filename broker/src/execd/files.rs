@@ -148,7 +148,10 @@ struct Repl {
 }
 
 pub async fn replace(Extension(sb): Sandbox, who: Who, RawQuery(raw): RawQuery, body: Bytes) -> ApiResult<Response> {
-    let verbose = Query::parse(raw.as_deref()).flag("verbose");
+    // An isolated session's route always answers with the counts: the SDK's isolated
+    // files facade sends no `verbose` and reads the per-file map.
+    let isolated = matches!(who, Some(Extension(super::identity::FileScope::Isolated(_))));
+    let verbose = isolated || Query::parse(raw.as_deref()).flag("verbose");
     let m: BTreeMap<String, Repl> = parse_json(&body)?;
     let entries = m.into_iter().map(|(path, r)| ReplaceEntry { path, old: r.old, new: r.new }).collect();
     let counts = agent(&sb)?.replace(request(ReplaceRequest { entries }, &who)).await?.into_inner().counts;
