@@ -38,6 +38,8 @@ pub struct Ctx {
     pub ids: IdMap,
     pub registry: Registry,
     pub api_key: Option<String>,
+    /// The key of signed endpoints (`<data>/endpoint-signing.key`).
+    pub signing: crate::api::signing::SigningKey,
     pub pool: Pool,
     /// One FUSE server per image in use.
     pub mounts: ImageMounts,
@@ -281,6 +283,7 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
     crate::sandbox::trees::clean_dir(&run_dir, &keep.run_files)?;
     let images = ImagePool::open(&o.data_dir.join("images")).map_err(|e| format!("image store: {e}"))?;
     secure_dirs(&[&o.data_dir, &o.data_dir.join("images"), &sandboxes_dir, &run_dir])?;
+    let signing = crate::api::signing::SigningKey::load_or_create(&o.data_dir).map_err(|e| e.to_string())?;
     let cgroup_prefix = cgroup_prefix(&o.data_dir);
     let cgroups = match Layout::detect() {
         Ok(l) => {
@@ -407,6 +410,7 @@ fn build_ctx(o: ServeOptions) -> Result<(Ctx, Vec<crate::durable::recover::Found
         ids,
         registry: Registry::default(),
         api_key,
+        signing,
         pool: Pool::new(o.warm_workers),
         mounts,
         allow_pull: o.allow_pull,

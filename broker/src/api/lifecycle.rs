@@ -659,9 +659,11 @@ async fn send_deadline(e: &SandboxEntry, at: DateTime<Utc>) {
 
 #[utoipa::path(get, path = "/sandboxes/{id}/endpoints/{port}", tag = "sandboxes",
     params(("id" = String, Path, description = "sandbox id"), ("port" = String, Path, description = "a port inside the sandbox (1-65535)"),
-        ("use_server_proxy" = Option<bool>, Query, description = "an endpoint through this server's /v1 proxy")),
+        ("use_server_proxy" = Option<bool>, Query, description = "an endpoint through this server's /v1 proxy"),
+        ("expires" = Option<u64>, Query, description = "a signed endpoint (OSEP-0011), open without headers until this Unix second")),
     responses((status = 200, body = EndpointView, headers((
-        "OPEN-SANDBOX-ORIGIN" = String, description = "`template` for a sandbox created from a template")))))]
+        "OPEN-SANDBOX-ORIGIN" = String, description = "`template` for a sandbox created from a template"))),
+        (status = 400, description = "a bad port, or an `expires` that is not a future Unix second")))]
 pub async fn endpoint(
     State(ctx): State<Arc<Ctx>>,
     Path((id, port)): Path<(String, String)>,
@@ -677,9 +679,19 @@ pub async fn endpoint(
         .and_then(|h| h.to_str().ok())
         .map(str::to_string)
         .unwrap_or_else(|| ctx.listen.to_string());
-    let prefix = if q.flag("use_server_proxy") { "/v1" } else { "" };
-    let endpoint = format!("{host}{prefix}/sandboxes/{id}/proxy/{port}");
-    let headers = BTreeMap::from([(TOKEN_HEADER.to_string(), e.token.clone())]);
+    let (endpoint, headers) = match signed_expiry(&q)? {
+        // Signed: the route is its own credential, so it is the direct one
+        // (no API key) whichever proxy was asked for, and carries no header.
+        Some(expires) => {
+            let route = ctx.signing.sign(&id, port, expires);
+            (format!("{host}/sandboxes/{id}/signed/{port}/{route}"), BTreeMap::new())
+        }
+        None => {
+            let prefix = if q.flag("use_server_proxy") { "/v1" } else { "" };
+            let endpoint = format!("{host}{prefix}/sandboxes/{id}/proxy/{port}");
+            (endpoint, BTreeMap::from([(TOKEN_HEADER.to_string(), e.token.clone())]))
+        }
+    };
     let body = Json(EndpointView { endpoint, headers });
     // The SDK reads the origin from this header (`Sandbox.connect`); it then sends egress
     // policy changes to the lifecycle route, which pvisor serves as well as port 18080.
@@ -687,6 +699,23 @@ pub async fn endpoint(
         Some(_) => ([(ORIGIN_HEADER, "template")], body).into_response(),
         None => body.into_response(),
     })
+}
+
+/// The `expires` of an endpoint request: none mints no signature; present,
+/// it must be a decimal Unix second after now (an empty, malformed, past or
+/// present second is a 400, as in OSEP-0011).
+fn signed_expiry(q: &Query) -> ApiResult<Option<u64>> {
+    let Some(raw) = q.one("expires") else { return Ok(None) };
+    let expires: u64 = raw
+        .parse()
+        .ok()
+        .filter(|_| raw.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| ApiError::bad_request(format!("expires must be a Unix time in seconds, got {raw:?}")))?;
+    let now = Utc::now().timestamp().max(0) as u64;
+    if expires <= now {
+        return Err(ApiError::bad_request(format!("expires ({expires}) must be after the current time ({now})")));
+    }
+    Ok(Some(expires))
 }
 
 /// Pauses or resumes through the worker, the egress policy locked (see

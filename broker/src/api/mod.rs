@@ -1,6 +1,8 @@
 //! The HTTP surface: the OpenSandbox lifecycle API under `/v1`, the execd data
 //! plane under `/sandboxes/{id}/proxy/{port}` (direct, token only) and
-//! `/v1/sandboxes/{id}/proxy/{port}` (server proxy, API key and token), and
+//! `/v1/sandboxes/{id}/proxy/{port}` (server proxy, API key and token), the
+//! signed endpoints `/sandboxes/{id}/signed/{port}/{expires}/{signature}`
+//! (the route is the credential, [`signing`]), and
 //! a small pvisor admin API for the CLI. Port 18080 of the data plane and
 //! `/v1/sandboxes/{id}/networkpolicy` are the egress policy API ([`egress`]).
 pub mod admin;
@@ -18,6 +20,7 @@ pub mod prom;
 pub mod pty;
 pub mod query;
 pub mod request_id;
+pub mod signing;
 pub mod snapshots;
 pub mod templates;
 
@@ -98,6 +101,7 @@ pub fn routes(gate: &dyn Fn(ApiRouter) -> ApiRouter) -> ApiRouter {
         .nest("/pvisor", gate(admin::router()))
         .merge(gate(ApiRouter::new().route("/metrics", axum::routing::get(prom::metrics))))
         .merge(data_plane)
+        .merge(ApiRouter::from(execd::signed::router()))
 }
 
 pub fn router(ctx: Arc<Ctx>) -> Router {

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod mode;
 pub mod proxy;
 pub mod session;
+pub mod signed;
 pub mod sse;
 pub mod upload_parts;
 
@@ -110,7 +111,7 @@ pub fn dispatch_router() -> Router<Arc<Ctx>> {
 }
 
 /// The data-plane token; on the egress port also under the sidecar's name.
-fn check_token(sb: &SandboxEntry, req: &Request, egress: bool) -> ApiResult<()> {
+pub(crate) fn check_token(sb: &SandboxEntry, req: &Request, egress: bool) -> ApiResult<()> {
     let token = req.headers().get(TOKEN_HEADER);
     let token = if egress { token.or_else(|| req.headers().get(EGRESS_AUTH_HEADER)) } else { token };
     match token {
@@ -126,7 +127,7 @@ fn check_token(sb: &SandboxEntry, req: &Request, egress: bool) -> ApiResult<()> 
     }
 }
 
-async fn dispatch(ctx: Arc<Ctx>, inner: Router, p: HashMap<String, String>, mut req: Request) -> Response {
+async fn dispatch(ctx: Arc<Ctx>, inner: Router, p: HashMap<String, String>, req: Request) -> Response {
     let id = p.get("id").cloned().unwrap_or_default();
     let Some(sb) = ctx.registry.get(&id) else {
         return ApiError::sandbox_not_found(&id).into_response();
@@ -139,11 +140,17 @@ async fn dispatch(ctx: Arc<Ctx>, inner: Router, p: HashMap<String, String>, mut 
         return ApiError::bad_request("invalid port").into_response();
     };
     let rest = p.get("rest").cloned().unwrap_or_default();
+    serve(&ctx, inner, sb, port, &rest, req).await
+}
+
+/// Serves an authorized request for `port` of `sb`, `rest` the path after
+/// the route's prefix.
+async fn serve(ctx: &Ctx, inner: Router, sb: Arc<SandboxEntry>, port: u16, rest: &str, mut req: Request) -> Response {
     if port == EGRESS_PORT {
-        return egress::sidecar(sb, &rest, req).await;
+        return egress::sidecar(sb, rest, req).await;
     }
     if port != EXECD_PORT {
-        return proxy::forward(sb, port, &rest, req).await;
+        return proxy::forward(sb, port, rest, req).await;
     }
     let pq = match req.uri().query() {
         Some(q) => format!("/{rest}?{q}"),

@@ -56,15 +56,19 @@ enum Class {
     Tunnel,
 }
 
-/// The class of a path: the data plane is `[/v1]/sandboxes/{id}/proxy/{port}[/rest]`.
+/// The class of a path: the data plane is `[/v1]/sandboxes/{id}/proxy/{port}[/rest]`
+/// and `/sandboxes/{id}/signed/{port}/{expires}/{signature}[/rest]`.
 fn classify(path: &str) -> Class {
     let p = path.strip_prefix("/v1").unwrap_or(path);
     let mut seg = p.trim_start_matches('/').splitn(5, '/');
-    let (Some("sandboxes"), Some(_), Some("proxy"), Some(port)) = (seg.next(), seg.next(), seg.next(), seg.next())
+    let (Some("sandboxes"), Some(_), Some(kind @ ("proxy" | "signed")), Some(port)) =
+        (seg.next(), seg.next(), seg.next(), seg.next())
     else {
         return Class::Control;
     };
     let rest = seg.next().unwrap_or("");
+    // A signed route's expiry and signature come before its rest.
+    let rest = if kind == "signed" { rest.splitn(3, '/').nth(2).unwrap_or("") } else { rest };
     match port.parse::<u16>() {
         Ok(EXECD_PORT) if rest.trim_end_matches('/').ends_with("files/upload") => Class::Upload,
         Ok(EXECD_PORT) | Ok(crate::api::egress::EGRESS_PORT) => Class::Exec,
@@ -319,6 +323,9 @@ mod tests {
         assert_eq!(classify("/sandboxes/abc/proxy/18080/policy"), Class::Exec);
         assert_eq!(classify("/sandboxes/abc/proxy/8000/files/upload"), Class::Tunnel);
         assert_eq!(classify("/sandboxes/abc/proxy/nope/x"), Class::Exec);
+        assert_eq!(classify("/sandboxes/abc/signed/44772/x2qxvk/0123abcda/files/upload"), Class::Upload);
+        assert_eq!(classify("/sandboxes/abc/signed/8000/x2qxvk/0123abcda/files/upload"), Class::Tunnel);
+        assert_eq!(classify("/sandboxes/abc/signed/44772/x2qxvk/0123abcda"), Class::Exec);
     }
 
     #[test]
