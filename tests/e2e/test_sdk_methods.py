@@ -431,14 +431,14 @@ def _(c):
     assert httpx.get(f"{url}/ping", timeout=30).status_code == 401
 
 
-@bug("SandboxSync.get_signed_endpoint",
-     "pvisor ignores `expires` (GET /sandboxes/{id}/endpoints/{port}?expires=...): it returns the unsigned "
-     "endpoint with the X-EXECD-ACCESS-TOKEN header, no OSEP-0011 route token, so the URL alone gets 401 "
-     "(and a malformed `expires` is a 200, not a 400)")
+@works("SandboxSync.get_signed_endpoint")
 def _(c):
+    """An OSEP-0011 signed URL: opens the port with no header; another port with its token is refused."""
     ep = c.bb.get_signed_endpoint(EXECD_PORT, int(time.time()) + 600)
-    assert ep.endpoint != c.bb.get_endpoint(EXECD_PORT).endpoint, "no route token in the signed endpoint"
+    assert not ep.headers and f"/sandboxes/{c.bb.id}/signed/{EXECD_PORT}/" in ep.endpoint, ep
     assert httpx.get(f"http://{ep.endpoint}/ping", timeout=30).status_code == 200
+    other = ep.endpoint.replace(f"/signed/{EXECD_PORT}/", "/signed/8080/")
+    assert httpx.get(f"http://{other}/", timeout=30).status_code == 401
 
 
 @works("SandboxSync.get_metrics")
