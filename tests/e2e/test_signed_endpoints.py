@@ -66,6 +66,10 @@ def test_a_signed_url_tunnels_another_port(sbs):
     r = wait_until(lambda: (r := httpx.get(f"{url}/index.html", timeout=10)).status_code == 200 and r,
                    20, 0.2, "busybox httpd through the signed URL")
     assert r.text.strip() == "hello-signed"
+    # The root of the port, with and without its slash.
+    for root in (url, f"{url}/"):
+        r = httpx.get(root, timeout=10)
+        assert r.status_code == 200 and r.text.strip() == "hello-signed", (root, r.status_code, r.text)
 
 
 def test_a_token_opens_nothing_else(sbs):

@@ -137,7 +137,9 @@ impl SigningKey {
     pub fn verify(&self, sandbox_id: &str, port: u16, expires_b36: &str, sig: &str, now: u64) -> Result<(), SignError> {
         let expires = decode_b36(expires_b36)?;
         let b = sig.as_bytes();
-        if b.len() != 9 || !b[..8].iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) || !b[8].is_ascii_alphanumeric()
+        if b.len() != 9
+            || !b[..8].iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+            || !matches!(b[8], b'0'..=b'9' | b'a'..=b'z')
         {
             return Err(SignError::Malformed("signature must be 8 hex digits and a key id"));
         }

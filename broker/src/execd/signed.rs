@@ -29,6 +29,8 @@ pub fn router() -> Router<Arc<Ctx>> {
     };
     Router::new()
         .route("/sandboxes/{id}/signed/{port}/{exp}/{sig}", any(handler.clone()))
+        // The root of the port, as a browser asks for it (an empty catch-all does not match).
+        .route("/sandboxes/{id}/signed/{port}/{exp}/{sig}/", any(handler.clone()))
         .route("/sandboxes/{id}/signed/{port}/{exp}/{sig}/{*rest}", any(handler))
 }
 
@@ -38,7 +40,9 @@ fn refusal(e: SignError) -> ApiError {
         SignError::BadSignature => {
             ApiError::new(StatusCode::UNAUTHORIZED, "INVALID_SIGNATURE", "not a valid signed endpoint")
         }
-        SignError::Expired => ApiError::new(StatusCode::UNAUTHORIZED, "SIGNATURE_EXPIRED", "the signed endpoint expired"),
+        SignError::Expired => {
+            ApiError::new(StatusCode::UNAUTHORIZED, "SIGNATURE_EXPIRED", "the signed endpoint expired")
+        }
     }
 }
 
