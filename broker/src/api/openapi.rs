@@ -24,6 +24,9 @@ pub const UNDOCUMENTED: &[(&str, &str)] = &[
     ("/sandboxes/{id}/proxy/{port}/{*rest}", "the execd data plane and port tunnels"),
     ("/v1/sandboxes/{id}/proxy/{port}", "the execd data plane through the server proxy"),
     ("/v1/sandboxes/{id}/proxy/{port}/{*rest}", "the execd data plane through the server proxy"),
+    ("/sandboxes/{id}/signed/{port}/{exp}/{sig}", "a signed endpoint (OSEP-0011): a port tunnel, see execd::signed"),
+    ("/sandboxes/{id}/signed/{port}/{exp}/{sig}/", "a signed endpoint: the port's root"),
+    ("/sandboxes/{id}/signed/{port}/{exp}/{sig}/{*rest}", "a signed endpoint: a path of the port"),
     ("/v1/snapshots/{sid}/{*rest}", "a 501 catch-all for snapshot APIs this server lacks"),
     (
         "/pvisor/sandboxes/{id}/pty",
