@@ -696,6 +696,24 @@ pub fn rules_markdown() -> String {
             );
         }
     }
+    /// A filter layered on the sandbox's: one row per rule, `From` naming
+    /// `own` for the rules `is_own` picks and `sandbox` for the rest.
+    fn layered_table(md: &mut String, kind: FilterKind, is_own: fn(&Rule) -> bool, own: &str) {
+        md.push_str("| Syscall | Nr | Action | When | From | Why |\n|---|---:|---|---|---|---|\n");
+        for r in rules(kind) {
+            let from = if is_own(r) { own } else { "sandbox" };
+            let _ = writeln!(
+                md,
+                "| `{}` | {} | {} | {} | {} | {} |",
+                r.name,
+                r.sysno,
+                r.action,
+                cell(&r.when.to_string()),
+                from,
+                cell(r.justification)
+            );
+        }
+    }
     fn summary(rules: &[Rule]) -> String {
         let mut counts: Vec<(String, usize)> = Vec::new();
         for rule in rules {
@@ -743,20 +761,7 @@ pub fn rules_markdown() -> String {
          rules, with the worker's own rules (From = worker) replacing or adding to them. {}\n",
         summary(rules(FilterKind::Worker))
     );
-    md.push_str("| Syscall | Nr | Action | When | From | Why |\n|---|---:|---|---|---|---|\n");
-    for r in rules(FilterKind::Worker) {
-        let from = if is_worker_specific(r) { "worker" } else { "sandbox" };
-        let _ = writeln!(
-            md,
-            "| `{}` | {} | {} | {} | {} | {} |",
-            r.name,
-            r.sysno,
-            r.action,
-            cell(&r.when.to_string()),
-            from,
-            cell(r.justification)
-        );
-    }
+    layered_table(&mut md, FilterKind::Worker, is_worker_specific, "worker");
 
     let _ = writeln!(md, "\n## Isolator filter\n");
     let _ = writeln!(
@@ -767,20 +772,7 @@ pub fn rules_markdown() -> String {
          sandbox rules, with the isolator's own rules (From = isolator) replacing them. {}\n",
         summary(rules(FilterKind::Isolator))
     );
-    md.push_str("| Syscall | Nr | Action | When | From | Why |\n|---|---:|---|---|---|---|\n");
-    for r in rules(FilterKind::Isolator) {
-        let from = if is_isolator_specific(r) { "isolator" } else { "sandbox" };
-        let _ = writeln!(
-            md,
-            "| `{}` | {} | {} | {} | {} | {} |",
-            r.name,
-            r.sysno,
-            r.action,
-            cell(&r.when.to_string()),
-            from,
-            cell(r.justification)
-        );
-    }
+    layered_table(&mut md, FilterKind::Isolator, is_isolator_specific, "isolator");
 
     let _ = writeln!(md, "\n## Image server filter\n");
     let _ = writeln!(
