@@ -273,22 +273,7 @@ mod tests {
 
     #[test]
     fn the_view_omits_what_the_template_does_not_have() {
-        let now = chrono::Utc::now();
-        let r = TemplateRecord {
-            id: record::new_id(),
-            image: "busybox:latest".into(),
-            publish: String::new(),
-            format: Format::default(),
-            resource_limits: None,
-            entrypoint: None,
-            env: None,
-            metadata: BTreeMap::new(),
-            readiness: None,
-            phase: Phase::Succeeded,
-            message: None,
-            created_at: now,
-            updated_at: now,
-        };
+        let r = TemplateRecord::sample();
         let v = serde_json::to_value(view(&r)).unwrap();
         for key in ["resourceLimits", "entrypoint", "env", "metadata", "readiness"] {
             assert!(v.get(key).is_none(), "{key}: {v}");

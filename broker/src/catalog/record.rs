@@ -185,10 +185,9 @@ pub fn new_id() -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec() -> TemplateRecord {
+impl TemplateRecord {
+    /// A template of busybox with nothing optional set, for tests.
+    pub fn sample() -> TemplateRecord {
         let now = Utc::now();
         TemplateRecord {
             id: new_id(),
@@ -206,6 +205,11 @@ mod tests {
             updated_at: now,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn ids_are_tpl_and_a_uuid4_and_nothing_else_passes() {
@@ -219,7 +223,7 @@ mod tests {
 
     #[test]
     fn entrypoint_and_limits_as_a_create_takes_them() {
-        let mut r = rec();
+        let mut r = TemplateRecord::sample();
         assert_eq!(r.entrypoint(), ["tail", "-f", "/dev/null"]);
         assert_eq!(r.create_limits(), None);
         r.entrypoint = Some(vec!["sleep".into(), "9".into()]);
@@ -233,7 +237,7 @@ mod tests {
 
     #[test]
     fn the_creates_metadata_goes_over_the_templates() {
-        let mut r = rec();
+        let mut r = TemplateRecord::sample();
         r.metadata = BTreeMap::from([("team".into(), "a".into()), ("tier".into(), "gold".into())]);
         let asked = BTreeMap::from([("team".into(), "b".into()), ("run".into(), "7".into())]);
         let m = r.sandbox_metadata(Some(&asked));
@@ -267,7 +271,7 @@ mod tests {
 
     #[test]
     fn a_record_round_trips_and_an_older_one_loads() {
-        let mut r = rec();
+        let mut r = TemplateRecord::sample();
         r.readiness = Some(Readiness { probe: Some("tcp://127.0.0.1:1".into()), warmup_seconds: Some(5) });
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["phase"], "Succeeded");
