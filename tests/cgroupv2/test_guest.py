@@ -22,6 +22,7 @@ TESTS = [
     "tests/e2e/test_cgroups.py::test_memory_limit_is_enforced_and_the_sandbox_lives_on",
     "tests/e2e/test_cgroups.py::test_pids_limit_is_enforced",
     "tests/e2e/test_cgroups.py::test_cpu_limit_throttles_the_group",
+    "tests/e2e/test_cgroups.py::test_a_small_cpu_quota_does_not_stretch_the_start",
     "tests/e2e/test_cgroups.py::test_pause_freezes_the_sandbox_leaf_and_resume_thaws_it",
     "tests/e2e/test_cgroups.py::test_a_deleted_sandbox_leaves_no_group",
     "tests/e2e/test_lifecycle.py::test_create_and_get_info",

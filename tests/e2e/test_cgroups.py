@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from opensandbox.models.sandboxes import LifecycleHook, SandboxLifecycle
 from opensandbox.sync.sandbox import SandboxSync
 
 from e2e_util import BUSYBOX
@@ -148,6 +149,22 @@ def test_cpu_limit_throttles_the_group(sandbox, pvisor_server):
     g = group_of(pvisor_server, sb.id)
     run(sb, "timeout 2 sh -c 'while :; do :; done'; true")
     assert g.stat("cpu.stat", "cpu", "cpu.stat")["nr_throttled"] > 0
+
+
+def test_a_small_cpu_quota_does_not_stretch_the_start(sandbox, pvisor_server):
+    # The start (worker, agent, and here a preStart hook with ~0.1 s of CPU work on a native
+    # host) runs before the quota is written: under 100m it would be throttled in every period.
+    busy = "i=0; while [ $i -lt 60000 ]; do i=$((i+1)); done"
+    sb = sandbox(BUSYBOX, resource={"cpu": "100m", "memory": "64Mi"},
+                 lifecycle=SandboxLifecycle(pre_start=LifecycleHook(command=["/bin/sh", "-c", busy])))
+    g = group_of(pvisor_server, sb.id)
+    # The quota holds from the create's answer on (one period's throttling allowed: the worker's
+    # own work right after Ready, on a slow emulated host).
+    assert g.stat("cpu.stat", "cpu", "cpu.stat")["nr_throttled"] <= 1
+    if g.v2:
+        assert g.read("cpu.max", "", "") == "10000 100000"
+    else:
+        assert g.read("", "cpu", "cpu.cfs_quota_us") == "10000"
 
 
 def test_pause_freezes_the_sandbox_leaf_and_resume_thaws_it(sandbox, conn, pvisor_server):

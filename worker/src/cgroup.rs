@@ -268,9 +268,31 @@ impl GroupPaths {
 
     /// Applies `limits` to the whole group (both leaves).
     pub fn set_limits(&self, limits: &Limits) -> Result<()> {
-        let quota = limits.cpu_millis * 100;
+        self.set_bounds(limits)?;
+        self.set_cpu(Some(limits.cpu_millis))
+    }
+
+    /// Bounds the group's CPU to `millis` thousandths of a core, or lifts
+    /// the bound (`None`): a sandbox starts with none, so its start (the
+    /// worker, the agent, a guest's boot) is not stretched by a small quota;
+    /// the launch bounds it once the sandbox is ready.
+    pub fn set_cpu(&self, millis: Option<u64>) -> Result<()> {
         if let Some(d) = &self.v2 {
-            write(&d.join("cpu.max"), &format!("{quota} 100000"))?;
+            let max = millis.map_or_else(|| "max".to_string(), |m| (m * 100).to_string());
+            return write(&d.join("cpu.max"), &format!("{max} 100000"));
+        }
+        match self.v1.get("cpu") {
+            Some(dir) => {
+                write(&dir.join("cpu.cfs_period_us"), "100000")?;
+                write(&dir.join("cpu.cfs_quota_us"), &millis.map_or(-1, |m| (m * 100) as i64).to_string())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Applies every bound of `limits` but the CPU's (see [`Self::set_cpu`]).
+    pub fn set_bounds(&self, limits: &Limits) -> Result<()> {
+        if let Some(d) = &self.v2 {
             write(&d.join("memory.max"), &limits.memory_bytes.to_string())?;
             let _ = write(&d.join("memory.swap.max"), "0");
             return write(&d.join("pids.max"), &limits.pids.to_string());
@@ -287,8 +309,6 @@ impl GroupPaths {
         let _ = set("memory", "memory.memsw.limit_in_bytes", mem.clone());
         set("memory", "memory.limit_in_bytes", mem.clone())?;
         let _ = set("memory", "memory.memsw.limit_in_bytes", mem);
-        set("cpu", "cpu.cfs_period_us", "100000".into())?;
-        set("cpu", "cpu.cfs_quota_us", quota.to_string())?;
         set("pids", "pids.max", limits.pids.to_string())
     }
 
@@ -504,6 +524,19 @@ mod tests {
                 assert_eq!(read(&g.v1["cpu"].join("cpu.cfs_quota_us")).unwrap(), "50000");
             }
         }
+        // The CPU bound lifts (a sandbox's start) and comes back; the other bounds stay.
+        let cpu = || match &g.v2 {
+            Some(d) => read(&d.join("cpu.max")).unwrap(),
+            None => read(&g.v1["cpu"].join("cpu.cfs_quota_us")).unwrap(),
+        };
+        let bounded = cpu();
+        g.set_cpu(None).unwrap();
+        assert!(["max 100000", "-1"].contains(&cpu().as_str()), "{}", cpu());
+        g.set_cpu(Some(250)).unwrap();
+        assert!(["25000 100000", "25000"].contains(&cpu().as_str()), "{}", cpu());
+        g.set_cpu(Some(500)).unwrap();
+        assert_eq!(cpu(), bounded);
+        assert_eq!(read(&g.v2.clone().unwrap_or_else(|| g.v1["pids"].clone()).join("pids.max")).unwrap(), "77");
         assert!(g.memory_usage().is_some());
         g.freeze(SANDBOX_LEAF, true).unwrap();
         g.freeze(SANDBOX_LEAF, false).unwrap();

@@ -118,7 +118,9 @@ pub async fn launch(
             std::fs::create_dir_all(&state_dir).map_err(|e| format!("sandbox dir: {e}"))?;
         }
         if let Some(g) = &cgroup {
-            g.set_limits(&group_limits(ctx, spec)).map_err(|e| e.to_string())?;
+            // Everything but the CPU quota now; that one once the sandbox is ready.
+            g.set_bounds(&group_limits(ctx, spec)).map_err(|e| e.to_string())?;
+            g.set_cpu(None).map_err(|e| e.to_string())?;
         }
         let backend = backend_config(ctx, spec, &state_dir)?;
         let cfg = WorkerConfig {
@@ -138,7 +140,13 @@ pub async fn launch(
     })();
     let t_configured = t0.elapsed();
     let ready = match prepared {
-        Ok(()) => wait_ready(&socket, ready_timeout).await,
+        Ok(()) => wait_ready(&socket, ready_timeout).await.and_then(|r| {
+            match &cgroup {
+                Some(g) => g.set_cpu(Some(spec.limits.cpu_millis)).map_err(|e| NotReady::Failed(e.to_string())),
+                None => Ok(()),
+            }
+            .map(|()| r)
+        }),
         Err(e) => Err(NotReady::Failed(e)),
     };
     tracing::debug!(sandbox = %spec.id, configured = ?t_configured, ready = ?t0.elapsed(), "launch");
