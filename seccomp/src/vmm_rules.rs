@@ -160,7 +160,7 @@ pub static VMM_DEVICE: &[Rule] = &[
     rule!(SYS_mremap, Action::Allow, Always,
         "Growing large allocations."),
     rule!(SYS_madvise, Action::Allow, Always,
-        "malloc returns freed memory; exiting threads release their stacks."),
+        "malloc returns freed memory; exiting threads release their stacks; virtio-balloon gives the guest pages it reports free back to the host (MADV_REMOVE on the RAM memfd, MADV_DONTNEED on private RAM)."),
     rule!(SYS_brk, Action::Allow, Always,
         "The main malloc arena grows and shrinks with brk."),
     // --- Threads, signals, exit -------------------------------------------------------------

@@ -24,6 +24,7 @@ use super::net;
 use crate::backend::{Sandbox, SandboxExit, SnapshotFiles, SnapshotTaken};
 use crate::config::VmConfig;
 use crate::error::{Result, WorkerError};
+use pvisor_vmm::devices::virtio::balloon::{self, Balloon};
 use pvisor_vmm::devices::virtio::block::{Block, BlockBackend};
 use pvisor_vmm::devices::virtio::event_loop::EventLoop;
 use pvisor_vmm::devices::virtio::mmio::MmioTransport;
@@ -61,7 +62,8 @@ fn loop_err(e: impl std::fmt::Display) -> WorkerError {
 }
 
 /// The sandbox's virtio devices, in the order the guest finds them (a restore's must be its
-/// source's): the image disk (vda), the scratch disk (vdb), vsock and, with a network, net.
+/// source's): the image disk (vda), the scratch disk (vdb), vsock, with a network net, and the
+/// balloon through which the guest reports its free pages (they go back to the host).
 fn devices(
     vm: &VmConfig,
     root: Arc<dyn BlockBackend>,
@@ -77,7 +79,17 @@ fn devices(
     if let Some(end) = net_end {
         devices.push(Box::new(net::device(end)?));
     }
+    devices.push(Box::new(Balloon::new()));
     Ok((devices, handle))
+}
+
+/// Fits fresh devices to a snapshot that has `saved` of them: one taken before VMs had their
+/// balloon (the last device) is restored without one, so older snapshots and templates restore.
+fn fit_to_snapshot(devices: &mut Vec<Box<dyn VirtioDevice>>, saved: usize) {
+    let balloon_last = devices.last().is_some_and(|d| d.device_type() == balloon::DEVICE_TYPE);
+    if balloon_last && saved + 1 == devices.len() {
+        devices.pop();
+    }
 }
 
 /// A new VM booting the guest kernel with `devices`.
@@ -115,6 +127,10 @@ fn restore(
         return Err(WorkerError::Config("vm restore: this engine needs the snapshot's memory file".into()));
     }
     let paths = SnapshotPaths { state: restore.state_file.clone().into(), memory: restore.memory_file.clone().into() };
+    let saved = pvisor_vmm::snapshot::format::read(&paths.state)
+        .map_err(|e| WorkerError::Start(format!("reading {}: {e}", paths.state.display())))?;
+    let mut devices = devices;
+    fit_to_snapshot(&mut devices, saved.devices.virtio.len());
     let (machine, transports) = pvisor_vmm::snapshot::restore_with_devices(&paths, config, devices)
         .map_err(|e| WorkerError::Start(format!("restoring {}: {e}", paths.state.display())))?;
     for t in &transports {

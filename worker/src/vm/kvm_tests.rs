@@ -157,3 +157,26 @@ fn a_restore_without_a_memory_file_is_refused() {
     let err = start_with_root(&cfg, root(), "box", Duration::from_secs(5), None).err().expect("refused");
     assert!(err.to_string().contains("memory file"), "{err}");
 }
+
+fn kinds(devices: &[Box<dyn VirtioDevice>]) -> Vec<u32> {
+    devices.iter().map(|d| d.device_type()).collect()
+}
+
+#[test]
+fn a_snapshot_from_before_the_balloon_is_restored_without_one() {
+    let disk = || -> Box<dyn VirtioDevice> { Box::new(Block::new(root(), disks::ROOT_ID)) };
+    let fresh = || -> Vec<Box<dyn VirtioDevice>> { vec![disk(), disk(), Box::new(Balloon::new())] };
+    let mut d = fresh();
+    fit_to_snapshot(&mut d, 2);
+    assert_eq!(kinds(&d), vec![2, 2], "the older snapshot had no balloon");
+    let mut d = fresh();
+    fit_to_snapshot(&mut d, 3);
+    assert_eq!(kinds(&d), vec![2, 2, balloon::DEVICE_TYPE], "a snapshot with one keeps it");
+    // Anything else is left for the restore to refuse (device counts must match).
+    let mut d = fresh();
+    fit_to_snapshot(&mut d, 1);
+    assert_eq!(d.len(), 3);
+    let mut d: Vec<Box<dyn VirtioDevice>> = vec![disk(), disk()];
+    fit_to_snapshot(&mut d, 1);
+    assert_eq!(d.len(), 2, "only a balloon is ever dropped");
+}

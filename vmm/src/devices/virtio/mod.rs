@@ -12,9 +12,12 @@
 //! * [`block`]: virtio-blk over a [`block::BlockBackend`].
 //! * [`vsock`]: virtio-vsock with a user-space back-end whose host side is
 //!   Unix sockets.
+//! * [`balloon`]: virtio-balloon serving free page reporting (an idle
+//!   guest's free memory goes back to the host).
 //! * [`net`]: virtio-net whose wire is a SOCK_SEQPACKET socket to the
 //!   sandbox's network process (one Ethernet frame per message).
 
+pub mod balloon;
 pub mod block;
 pub mod event_loop;
 pub mod mmio;
@@ -81,7 +84,7 @@ impl UsedQueues {
 /// a device whose work on one queue produces buffers on another (vsock: a
 /// guest REQUEST on tx is answered on rx) can do so.
 pub trait VirtioDevice: Send {
-    /// The virtio device id (1 net, 2 block, 19 vsock).
+    /// The virtio device id (1 net, 2 block, 5 balloon, 19 vsock).
     fn device_type(&self) -> u32;
 
     /// Features offered to the driver; must include [`VIRTIO_F_VERSION_1`].
