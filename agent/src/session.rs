@@ -33,6 +33,11 @@ pub struct Sessions {
     table: Mutex<HashMap<String, Arc<Session>>>,
 }
 
+/// An unknown (or deleted) session: 404 `SESSION_NOT_FOUND` on the wire, as an isolated one's.
+fn not_found(id: &str) -> AgentError {
+    crate::isolated::Reason::SessionNotFound.error(format!("session {id} not found"))
+}
+
 fn start_shell(cfg: &AgentConfig, cwd: &str) -> Result<Shell> {
     let argv = crate::shell::session_argv(cfg);
     let spec = SpawnSpec { argv, cwd: cwd.to_string(), stdin_pipe: true, ..Default::default() };
@@ -90,12 +95,7 @@ impl Sessions {
     }
 
     fn get(&self, id: &str) -> Result<Arc<Session>> {
-        self.table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned()
-            .ok_or_else(|| AgentError::NotFound(format!("session {id}")))
+        self.table.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned().ok_or_else(|| not_found(id))
     }
 
     /// Fails when the session does not exist.
@@ -124,12 +124,7 @@ impl Sessions {
     }
 
     pub async fn delete(&self, id: &str) -> Result<()> {
-        let s = self
-            .table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id)
-            .ok_or_else(|| AgentError::NotFound(format!("session {id}")))?;
+        let s = self.table.lock().unwrap_or_else(|e| e.into_inner()).remove(id).ok_or_else(|| not_found(id))?;
         // Kill first, without the shell lock: a running command holds it and
         // ends (releasing it) once its shell is gone.
         crate::spawn::kill_group(s.pgid.load(std::sync::atomic::Ordering::SeqCst)).await;

@@ -380,6 +380,10 @@ def test_session_delete(deb):
     with pytest.raises(SandboxApiException) as ei:
         deb.commands.run_in_session(sid, "echo gone")
     assert ei.value.status_code == 404
+    assert ei.value.error.code == "SESSION_NOT_FOUND", ei.value.error
+    with pytest.raises(SandboxApiException) as ei:
+        deb.commands.delete_session(sid)
+    assert (ei.value.status_code, ei.value.error.code) == (404, "SESSION_NOT_FOUND")
 
 
 def test_session_multiline_output(deb):
