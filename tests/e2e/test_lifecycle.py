@@ -350,6 +350,10 @@ def test_port_forwarding_to_sandbox_service(sandbox, proxy_conn):
         r = httpx.get(f"{url}/index.html", headers=headers, timeout=10)
         assert r.status_code == 200, f"{label}: GET {url}/index.html -> {r.status_code} {r.text[:300]}"
         assert r.text == "hello from inside\n", label
+        # The service's root, as a browser opens it: with the slash and without it.
+        for root in (f"{url}/", url):
+            r = httpx.get(root, headers=headers, timeout=10)
+            assert (r.status_code, r.text) == (200, "hello from inside\n"), f"{label}: GET {root} -> {r.status_code}"
 
 
 # ------------------------------------------------------------------- pause / resume

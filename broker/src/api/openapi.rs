@@ -21,8 +21,10 @@ use utoipa::{PartialSchema, ToSchema};
 /// Served paths that are not in the document, and why.
 pub const UNDOCUMENTED: &[(&str, &str)] = &[
     ("/sandboxes/{id}/proxy/{port}", "the execd data plane (OpenSandbox's execd API) and port tunnels"),
+    ("/sandboxes/{id}/proxy/{port}/", "a port tunnel: the port's root"),
     ("/sandboxes/{id}/proxy/{port}/{*rest}", "the execd data plane and port tunnels"),
     ("/v1/sandboxes/{id}/proxy/{port}", "the execd data plane through the server proxy"),
+    ("/v1/sandboxes/{id}/proxy/{port}/", "a port tunnel through the server proxy: the port's root"),
     ("/v1/sandboxes/{id}/proxy/{port}/{*rest}", "the execd data plane through the server proxy"),
     ("/sandboxes/{id}/signed/{port}/{exp}/{sig}", "a signed endpoint (OSEP-0011): a port tunnel, see execd::signed"),
     ("/sandboxes/{id}/signed/{port}/{exp}/{sig}/", "a signed endpoint: the port's root"),

@@ -107,6 +107,8 @@ pub fn dispatch_router() -> Router<Arc<Ctx>> {
     };
     Router::new()
         .route("/sandboxes/{id}/proxy/{port}", any(handler.clone()))
+        // The port's root as a browser asks for it (the catch-all needs one character at least).
+        .route("/sandboxes/{id}/proxy/{port}/", any(handler.clone()))
         .route("/sandboxes/{id}/proxy/{port}/{*rest}", any(handler))
 }
 
