@@ -25,7 +25,9 @@ phase, nor do those between hold_same and the end of the unique rewrites). For e
 
 Charged memory (memory.usage_in_bytes on v1, memory.current on v2) is sampled
 every 500 ms; a phase's value is the median of its samples in the final 2 s of
-the phase. Reported: medians over rounds with min–max, and the amortized
+the phase's quiet wait (`--phase-seconds`; a mark ends it before the next
+creates or uploads begin: before 2026-12-08 the window ran into them, so
+empty, idle1 and idle4 included the next phase's start). Reported: medians over rounds with min–max, and the amortized
 per-sandbox increment over the empty service ((idle4 − empty) / 4).
 `hold` (bench/peer/hold/hold.c, static) is uploaded with the SDK's file API and
 started as a background command, identically on both sides.
@@ -195,6 +197,9 @@ def one_round(svc, cg: ProductCgroup, args, hold_bytes: bytes, rng: random.Rando
 
     def settle():
         time.sleep(args.phase_seconds)
+        # A phase's window is the last 2 s before the next mark: the mark goes here, so what
+        # comes next (the next creates, the hold uploads) is never measured as this phase.
+        phase("between")
 
     try:
         if hasattr(svc, "dockerd"):
@@ -232,7 +237,6 @@ def one_round(svc, cg: ProductCgroup, args, hold_bytes: bytes, rng: random.Rando
             if got != want:
                 raise AssertionError(f"hold (identical) in {sb.id}: {got!r} != {want!r}")
         if svc.name == MERGE_SIDE or getattr(svc, "merging", False):
-            # Its own mark, so idle4 ends where it does on the other sides.
             phase("merging")
             rec["merge_wait_s"] = wait_merged(args.merge_wait)
             log(f"  {svc.name}: ksmd merged in {rec['merge_wait_s']} s "
@@ -391,6 +395,7 @@ def report(res: dict, out) -> str:
 
     lines = [f"### Memory (cgroup-charged, MiB; median (min–max) of {res['rounds']} fresh rounds per side; "
              f"image `{res['image']}`; phase = median of its final 2 s, sampled every 500 ms)", "",
+             *([f"Phase windows {res['windows']}.", ""] if res.get("windows") else []),
              "| phase | " + " | ".join(names) + (" | pvisor / peer |" if len(names) == 2 else " |"),
              "|---|" + "---:|" * len(names) + ("---:|" if len(names) == 2 else "")]
     for p in PHASES:

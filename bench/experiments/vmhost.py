@@ -400,8 +400,10 @@ def report(res: dict, out) -> str:
     m = res.get("memory")
     if m:
         s = m["summary"]
-        lines += [f"### Memory charged to each side's cgroup (MiB; median of {m['rounds']} round(s))", "",
-                  "| phase | " + " | ".join(MEMORY_SIDES) + " | seed microVM daemon |",
+        lines += [f"### Memory charged to each side's cgroup (MiB; median of {m['rounds']} round(s))", ""]
+        if m.get("windows"):
+            lines += [f"Phase windows {m['windows']}.", ""]
+        lines += ["| phase | " + " | ".join(MEMORY_SIDES) + " | seed microVM daemon |",
                   "|---|" + "---:|" * (len(MEMORY_SIDES) + 1)]
         seed_col = {"idle1": SEED["idle1"], "hold_same": SEED["hold_same"]}
         for p in memory.PHASES:
