@@ -18,9 +18,10 @@
 //!   that builds isolated sessions (the sandbox filter with namespace creation and mounts let
 //!   through).
 //!
-//! The first two default to *allow* and refuse a deny list (mostly with `EPERM`, like Docker's
-//! default profile); the image server filter is an allow list that kills the process on any
-//! other syscall. `RULES.md` next to this crate's manifest is the generated table of all three.
+//! The sandbox, worker and isolator filters default to *allow* and refuse a deny list (mostly
+//! with `EPERM`, like Docker's default profile); the image server, vCPU, VMM device and netd
+//! filters are allow lists. `RULES.md` next to this crate's manifest is the generated table of
+//! all seven.
 //!
 //! ```no_run
 //! // In the sandbox's init, after setting up namespaces and mounts, before execve:
